@@ -1,0 +1,50 @@
+# budgetserve — the two commands a newcomer needs: `make serve` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUNDLE := models/digits/manifest.json
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test bench bundle lint schema clean help
+
+help:
+	@echo "make serve   build the embedded digits bundle if missing, serve on $(HOST):$(PORT)"
+	@echo "make test    run the test suite (starts a throwaway redis-server unless REDIS_URL is set)"
+	@echo "make bench   run the benchmarks, results in docs/benchmarks/"
+	@echo "make bundle  rebuild models/digits from scratch (profiling + training, a few minutes)"
+	@echo "make lint    ruff + mypy"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is required, found {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[train,dev]'
+	@touch $(STAMP)
+
+$(BUNDLE): | $(STAMP)
+	$(BIN)/budgetserve-train build --out models/digits
+
+serve: $(STAMP) $(BUNDLE)
+	BUDGETSERVE_HOST=$(HOST) BUDGETSERVE_PORT=$(PORT) $(BIN)/budgetserve-serve
+
+bundle: $(STAMP)
+	$(BIN)/budgetserve-train build --out models/digits --force
+
+test: $(STAMP) $(BUNDLE)
+	scripts/with-redis.sh $(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP) $(BUNDLE)
+	$(BIN)/python -m training.bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+schema: $(STAMP)
+	$(BIN)/python -m service.bundle > service/schema/manifest.schema.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

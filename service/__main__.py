@@ -1,0 +1,29 @@
+"""``python -m service`` / ``budgetserve-serve``: run the API with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from service.api import create_app
+from service.settings import Settings
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if settings.workers > 1:
+        uvicorn.run(
+            "service.api:create_app", factory=True, host=settings.host, port=settings.port,
+            workers=settings.workers, timeout_graceful_shutdown=30,
+        )
+    else:
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port,
+            timeout_graceful_shutdown=30,
+        )
+
+
+if __name__ == "__main__":
+    main()

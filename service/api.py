@@ -1,0 +1,255 @@
+"""HTTP routes: translate HTTP to handler calls, and errors to JSON, in one place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import BackgroundTasks, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import errors
+from service.cache import FeatureCache, make_cache
+from service.handler import PredictHandler
+from service.metrics import UNKNOWN_MODEL, Metrics
+from service.registry import Registry, load_registry
+from service.schemas import CostReport, ErrorResponse, PredictRequest, PredictResponse
+from service.settings import Settings
+
+log = logging.getLogger("budgetserve.api")
+
+STATUS: dict[type[errors.BudgetServeError], int] = {
+    errors.InvalidRequest: 422,
+    errors.InvalidItem: 422,
+    errors.SizeMismatch: 422,
+    errors.ItemTooLarge: 413,
+    errors.PayloadTooLarge: 413,
+    errors.ModelNotFound: 404,
+    errors.ModelNotReady: 503,
+}
+
+
+def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:
+    body = ErrorResponse.model_validate(
+        {"error": {"type": code, "message": message, "details": details}}
+    )
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+class BodyLimit:
+    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise errors.PayloadTooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exc = errors.PayloadTooLarge(self.limit)
+        response = _error(413, exc.code, exc.message, **exc.details)
+        await response(scope, receive, send)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: Registry | None = None,
+    cache: FeatureCache | None = None,
+) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    state: dict[str, Any] = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reg = registry or load_registry(settings.models_dir, settings.max_pixels)
+        feature_cache = cache or make_cache(
+            settings.redis_url,
+            max_bytes=settings.cache_max_bytes,
+            ttl_s=settings.cache_ttl_s,
+            timeout_ms=settings.redis_timeout_ms,
+        )
+        metrics.models_loaded.set(len(reg.bundles))
+        state["registry"] = reg
+        state["cache"] = feature_cache
+        state["handler"] = PredictHandler(reg, feature_cache, metrics, settings.overhead_reserve_ms)
+        state["ready"] = bool(reg.bundles)
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await feature_cache.close()
+
+    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.core = state
+
+    @app.exception_handler(errors.BudgetServeError)
+    async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
+        status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+        return _error(status, exc.code, exc.message, **exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            problems.append({"field": loc or "body", "message": err.get("msg", "invalid")})
+        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        return _error(422, "invalid_request", f"invalid request: {summary}", problems=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, "http_error", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return _error(500, "internal_error", f"internal error: {type(exc).__name__}")
+
+    def _registry() -> Registry:
+        reg: Registry | None = state.get("registry")
+        if reg is None:
+            raise errors.ModelNotReady("*", "the service is still starting")
+        return reg
+
+    @app.post(
+        "/predict",
+        response_model=PredictResponse,
+        responses={404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+                   422: {"model": ErrorResponse}},
+    )
+    async def predict(body: PredictRequest, background: BackgroundTasks) -> PredictResponse:
+        handler: PredictHandler | None = state.get("handler")
+        if handler is None:
+            raise errors.ModelNotReady(body.model, "the service is still starting")
+        label = body.model if body.model in _registry().bundles else UNKNOWN_MODEL
+        with metrics.request_latency.labels(model=label).time():
+            try:
+                outcome, writes = await handler.predict(
+                    body.model, body.item, body.size, body.budget
+                )
+            except errors.BudgetServeError as exc:
+                metrics.requests.labels(model=label, status=exc.code).inc()
+                raise
+        metrics.requests.labels(model=label, status="ok").inc()
+        background.add_task(handler.write_back, writes)
+        return PredictResponse(
+            model=outcome.model,
+            prediction=outcome.prediction,
+            probabilities=outcome.probabilities,
+            features=outcome.features,
+            expected_accuracy=outcome.expected_accuracy,
+            strategy=outcome.strategy,
+            model_version=outcome.model_version,
+            answered_by=outcome.answered_by,
+            deadline_exceeded=outcome.deadline_exceeded,
+            cost=CostReport(
+                unit=outcome.unit,
+                budget=outcome.budget,
+                planned=outcome.planned,
+                spent=outcome.spent,
+                extraction=outcome.extraction,
+                inference=outcome.inference,
+                cached=outcome.cached,
+                extracted=outcome.extracted,
+            ),
+        )
+
+    @app.get("/models")
+    async def list_models() -> dict[str, Any]:
+        reg = _registry()
+        return {
+            "models": [_summary(b.manifest) for b in reg.bundles.values()],
+            "failed": [{"name": k, "error": v} for k, v in sorted(reg.failed.items())],
+        }
+
+    @app.get("/models/{name}")
+    async def get_model(name: str) -> dict[str, Any]:
+        bundle = _registry().get(name)
+        m = bundle.manifest
+        detail = _summary(m)
+        detail["extractors"] = [
+            {"name": e.name, "version": e.version, "dims": e.dims,
+             "cost": e.cost.model_dump()}
+            for e in m.extractors
+        ]
+        detail["models"] = [
+            {"id": s.id, "features": s.features, "accuracy": s.accuracy} for s in m.models
+        ]
+        detail["strategy"] = {
+            "kind": m.strategy.kind,
+            "epsilon": m.strategy.epsilon,
+            "delta": m.strategy.delta,
+            "size_domain": m.strategy.size_domain,
+            "candidates": m.strategy.candidates,
+            "index_ranges": len(m.strategy.index.breakpoints),
+            "stats": m.strategy.stats,
+        }
+        detail["provenance"] = m.provenance.model_dump()
+        return detail
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        reg: Registry | None = state.get("registry")
+        feature_cache: FeatureCache | None = state.get("cache")
+        cache_ok = bool(feature_cache and await feature_cache.ping())
+        body = {
+            "ready": bool(state["ready"]),
+            "models": sorted(reg.bundles) if reg else [],
+            "failed": sorted(reg.failed) if reg else [],
+            "cache": {"backend": feature_cache.backend if feature_cache else None,
+                      "reachable": cache_ok},
+        }
+        # A down cache does not make the service unready: requests succeed uncached.
+        return JSONResponse(body, status_code=200 if state["ready"] else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app
+
+
+def _summary(m: Any) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "version": m.version,
+        "task": m.task,
+        "classes": m.classes,
+        "strategy": m.strategy.kind,
+        "cost_unit": m.cost_unit,
+        "item": m.item.model_dump(),
+        "n_models": len(m.models),
+    }

@@ -1,0 +1,215 @@
+"""The bundle format: the one contract between ``training`` and ``service``.
+
+A bundle is a folder ``models/<name>/`` holding ``manifest.json`` (a :class:`Manifest`)
+and one ``.onnx`` file per model. ``training`` writes it, ``service`` reads it; neither
+side defines the format anywhere else. The JSON Schema published in
+``service/schema/manifest.schema.json`` is generated from these classes
+(``python -m service.bundle > service/schema/manifest.schema.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+FORMAT_VERSION: Literal[1] = 1
+MANIFEST_FILE = "manifest.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CostPolynomial(_Strict):
+    """c(n) = sum_i coefficients[i] * n**i, in ``unit``, for item size ``n``.
+
+    Coefficients are non-negative, so the curve is non-negative and non-decreasing
+    for n >= 0: a superset of features never costs less than its subset.
+    """
+
+    coefficients: list[float] = Field(min_length=1, description="power basis, constant first")
+    unit: str = "ms"
+    quantile: float | None = Field(
+        default=None, description="quantile of the measured times the curve was fitted to"
+    )
+    fit_error: float | None = Field(
+        default=None, description="relative RMS error of the fit over the profiled sizes"
+    )
+    profiled_sizes: list[int] = Field(default_factory=list)
+
+    @field_validator("coefficients")
+    @classmethod
+    def _non_negative(cls, value: list[float]) -> list[float]:
+        if any(not math.isfinite(c) or c < 0 for c in value):
+            raise ValueError(f"cost coefficients must be finite and >= 0, got {value}")
+        return value
+
+    def __call__(self, n: float) -> float:
+        total = 0.0
+        for c in reversed(self.coefficients):
+            total = total * n + c
+        return total
+
+
+class ExtractorSpec(_Strict):
+    """An extractor the bundle's models need: it must be installed at this version."""
+
+    name: str
+    version: str
+    dims: int = Field(ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    cost: CostPolynomial
+
+
+class ModelSpec(_Strict):
+    """One predictor over a feature set (extractor names, in the model's input order)."""
+
+    id: str
+    features: list[str]
+    accuracy: float = Field(ge=0.0, le=1.0, description="held-out accuracy estimate")
+    file: str | None = Field(default=None, description="ONNX file, relative to the bundle")
+    prior: list[float] | None = Field(
+        default=None, description="class probabilities of the feature-less model (no file)"
+    )
+    input_dims: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _file_or_prior(self) -> ModelSpec:
+        if (self.file is None) == (self.prior is None):
+            raise ValueError(f"model {self.id!r}: give exactly one of 'file' or 'prior'")
+        if self.prior is not None and self.features:
+            raise ValueError(f"model {self.id!r}: a prior model takes no features")
+        return self
+
+
+class PolyDomIndex(_Strict):
+    """Size breakpoints x cost-sorted skylines (paper 002, Section 3.2).
+
+    ``skylines[i]`` holds the skyline for sizes in ``[breakpoints[i], breakpoints[i+1])``
+    as model ids sorted by cost at any size in that range (accuracy strictly rising).
+    Sizes below ``breakpoints[0]`` use the first range, sizes above the domain the last.
+    """
+
+    breakpoints: list[float] = Field(min_length=1)
+    skylines: list[list[str]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> PolyDomIndex:
+        if len(self.breakpoints) != len(self.skylines):
+            raise ValueError("index: one skyline per breakpoint is required")
+        if any(a >= b for a, b in zip(self.breakpoints, self.breakpoints[1:], strict=False)):
+            raise ValueError("index: breakpoints must be strictly increasing")
+        return self
+
+
+class PolyDomStrategy(_Strict):
+    kind: Literal["polydom"] = "polydom"
+    epsilon: float = Field(ge=0.0)
+    delta: float = Field(ge=0.0)
+    size_domain: tuple[float, float]
+    candidates: list[str] = Field(description="model ids of the candidate feature sets")
+    index: PolyDomIndex
+    stats: dict[str, float] = Field(default_factory=dict)
+
+
+# New strategy kinds join this union; the discriminator is ``kind``.
+Strategy = Annotated[PolyDomStrategy, Field(discriminator="kind")]
+
+
+class ItemSpec(_Strict):
+    """What ``POST /predict`` accepts as ``item`` for this bundle."""
+
+    kind: Literal["image"] = "image"
+    max_pixels: int = Field(default=1 << 22, ge=1)
+    size_unit: str = "pixels"
+
+
+class Provenance(_Strict):
+    created_at: str
+    data_fingerprint: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    libraries: dict[str, str] = Field(default_factory=dict)
+    host: dict[str, str] = Field(default_factory=dict)
+
+
+class Manifest(_Strict):
+    format_version: Literal[1] = FORMAT_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    version: str
+    task: Literal["classification"] = "classification"
+    classes: list[str] = Field(min_length=2)
+    cost_unit: str = "ms"
+    item: ItemSpec
+    extractors: list[ExtractorSpec]
+    models: list[ModelSpec] = Field(min_length=1)
+    strategy: Strategy
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        names = [e.name for e in self.extractors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate extractor names in {names}")
+        dims = {e.name: e.dims for e in self.extractors}
+        ids = [m.id for m in self.models]
+        if len(set(ids)) != len(ids):
+            raise ValueError("duplicate model ids")
+        for model in self.models:
+            unknown = [f for f in model.features if f not in dims]
+            if unknown:
+                raise ValueError(f"model {model.id!r} uses undeclared extractors {unknown}")
+            if model.file is not None and model.input_dims != sum(dims[f] for f in model.features):
+                raise ValueError(f"model {model.id!r}: input_dims disagrees with its extractors")
+            if model.prior is not None and len(model.prior) != len(self.classes):
+                raise ValueError(f"model {model.id!r}: prior has the wrong number of classes")
+        known = set(ids)
+        referenced = set(self.strategy.candidates)
+        for skyline in self.strategy.index.skylines:
+            referenced.update(skyline)
+        missing = sorted(referenced - known)
+        if missing:
+            raise ValueError(f"strategy references unknown models {missing}")
+        return self
+
+    def model(self, model_id: str) -> ModelSpec:
+        for m in self.models:
+            if m.id == model_id:
+                return m
+        raise KeyError(model_id)
+
+    def extractor(self, name: str) -> ExtractorSpec:
+        for e in self.extractors:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+
+def model_id_for(features: Sequence[str]) -> str:
+    """Canonical model id of a feature set: sorted names joined by '+', or 'prior'."""
+    return "+".join(sorted(features)) if features else "prior"
+
+
+def read_manifest(bundle_dir: Path) -> Manifest:
+    """Parse ``bundle_dir/manifest.json``; raises ``ValueError`` (pydantic) or ``OSError``."""
+    return Manifest.model_validate_json((bundle_dir / MANIFEST_FILE).read_bytes())
+
+
+def write_manifest(bundle_dir: Path, manifest: Manifest) -> Path:
+    path = bundle_dir / MANIFEST_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def json_schema() -> dict[str, Any]:
+    return Manifest.model_json_schema()
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates the published schema
+    print(json.dumps(json_schema(), indent=2))

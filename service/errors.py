@@ -1,0 +1,69 @@
+"""The error taxonomy. Core modules raise these; ``service.api`` maps them to HTTP once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BudgetServeError(Exception):
+    """Root of every error the service reports to a client."""
+
+    code = "error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidRequest(BudgetServeError):
+    code = "invalid_request"
+
+
+class InvalidItem(BudgetServeError):
+    code = "invalid_item"
+
+
+class ItemTooLarge(BudgetServeError):
+    code = "item_too_large"
+
+
+class SizeMismatch(BudgetServeError):
+    code = "size_mismatch"
+
+    def __init__(self, given: int, measured: int) -> None:
+        super().__init__(
+            f"'size' is {given} but the decoded item has size {measured}; "
+            "omit 'size' to have it measured, or send the matching value",
+            given=given,
+            measured=measured,
+        )
+
+
+class PayloadTooLarge(BudgetServeError):
+    code = "payload_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body exceeds {limit} bytes", limit=limit)
+
+
+class ModelNotFound(BudgetServeError):
+    code = "model_not_found"
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        super().__init__(
+            f"model {name!r} is not loaded; available: {', '.join(available) or 'none'}",
+            model=name,
+            available=available,
+        )
+
+
+class ModelNotReady(BudgetServeError):
+    code = "model_not_ready"
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"model {name!r} failed to load: {reason}", model=name)
+
+
+class BundleError(Exception):
+    """A bundle on disk cannot be loaded (raised at load time, never to a client)."""

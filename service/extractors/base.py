@@ -1,0 +1,86 @@
+"""The extractor plugin contract and its entry-point registry.
+
+An extractor turns a decoded item into a float32 vector. It carries a ``name`` and a
+``version``; a bundle records both, and a bundle whose extractor is missing or at another
+version fails to load with a message naming it. Extractors are discovered through the
+``budgetserve.extractors`` entry-point group; the built-ins register the same way
+(see ``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+ENTRY_POINT_GROUP = "budgetserve.extractors"
+
+FloatVector = npt.NDArray[np.float32]
+
+
+@runtime_checkable
+class Extractor(Protocol):
+    """A deterministic feature extractor.
+
+    ``item_kind`` names the decoded item it accepts ("image": a 2-D float32 array with
+    values in [0, 1]). ``extract`` returns a 1-D float32 vector of length ``dims``.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    item_kind: ClassVar[str]
+
+    @property
+    def dims(self) -> int: ...
+
+    def extract(self, item: Any) -> FloatVector: ...
+
+
+class ExtractorNotInstalled(LookupError):
+    """The bundle names an extractor that no installed plugin provides."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"extractor {name!r} is not installed (installed: {', '.join(available) or 'none'}); "
+            f"install the package that registers it in the {ENTRY_POINT_GROUP!r} entry-point group"
+        )
+
+
+class ExtractorVersionMismatch(LookupError):
+    """The installed extractor has another version than the bundle was trained with."""
+
+    def __init__(self, name: str, required: str, installed: str) -> None:
+        self.name = name
+        super().__init__(
+            f"extractor {name!r} is installed at version {installed}, but the bundle requires "
+            f"version {required}; install that version or rebuild the bundle"
+        )
+
+
+def available_extractors() -> dict[str, type[Extractor]]:
+    """Every extractor class registered in the entry-point group, by entry-point name."""
+    found: dict[str, type[Extractor]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        found[ep.name] = cls
+    return found
+
+
+def create_extractor(
+    name: str,
+    version: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    registry: Mapping[str, type[Extractor]] | None = None,
+) -> Extractor:
+    """Instantiate the plugin ``name`` (checking ``version`` when given) with ``params``."""
+    registry = available_extractors() if registry is None else registry
+    cls = registry.get(name)
+    if cls is None:
+        raise ExtractorNotInstalled(name, sorted(registry))
+    if version is not None and cls.version != version:
+        raise ExtractorVersionMismatch(name, version, cls.version)
+    return cls(**dict(params or {}))

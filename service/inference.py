@@ -1,0 +1,69 @@
+"""ONNX inference for a bundle's models (and the feature-less prior model)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from service.bundle import Manifest, ModelSpec
+from service.errors import BundleError
+
+FloatVector = npt.NDArray[np.float32]
+
+
+class LoadedModel:
+    """One model of a bundle: ``predict_proba(features) -> class probabilities``."""
+
+    def __init__(self, spec: ModelSpec, bundle_dir: Path, n_classes: int) -> None:
+        self.spec = spec
+        self.features = tuple(spec.features)
+        self._prior: FloatVector | None = None
+        self._session: ort.InferenceSession | None = None
+        if spec.prior is not None:
+            self._prior = np.asarray(spec.prior, dtype=np.float32)
+            return
+        assert spec.file is not None
+        path = bundle_dir / spec.file
+        if not path.is_file():
+            raise BundleError(f"model {spec.id!r}: ONNX file {spec.file!r} is missing")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise BundleError(f"model {spec.id!r}: cannot load {spec.file!r}: {exc}") from exc
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            raise BundleError(f"model {spec.id!r}: expected one input, found {len(inputs)}")
+        self._input = inputs[0].name
+        outputs = [o.name for o in self._session.get_outputs()]
+        self._output = "probabilities" if "probabilities" in outputs else outputs[-1]
+        probe = self._session.run(
+            [self._output], {self._input: np.zeros((1, spec.input_dims), dtype=np.float32)}
+        )[0]
+        if np.asarray(probe).shape != (1, n_classes):
+            raise BundleError(
+                f"model {spec.id!r}: output shape {np.asarray(probe).shape}, "
+                f"expected (1, {n_classes})"
+            )
+
+    def predict_proba(self, features: Mapping[str, FloatVector]) -> FloatVector:
+        if self._prior is not None:
+            return self._prior
+        assert self._session is not None
+        x = np.concatenate([features[f] for f in self.features]).astype(np.float32, copy=False)
+        out = self._session.run([self._output], {self._input: x.reshape(1, -1)})[0]
+        result: FloatVector = np.asarray(out, dtype=np.float32)[0]
+        return result
+
+
+def load_models(manifest: Manifest, bundle_dir: Path) -> dict[str, LoadedModel]:
+    n_classes = len(manifest.classes)
+    return {m.id: LoadedModel(m, bundle_dir, n_classes) for m in manifest.models}

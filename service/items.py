@@ -1,0 +1,106 @@
+"""Item decoders: turn the JSON ``item`` of a request into what extractors consume.
+
+A decoder validates the item against the bundle's ``ItemSpec``, measures its size ``n``
+and derives a cache identity (the client's ``id`` if given, else a content hash).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.bundle import ItemSpec
+from service.errors import InvalidItem, ItemTooLarge
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedItem:
+    data: Any
+    size: int
+    key: str
+
+
+class ItemDecoder(Protocol):
+    def decode(self, item: Any) -> DecodedItem: ...
+
+
+class ImageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, min_length=1, max_length=256)
+    png_base64: str = Field(min_length=1)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in ("item", *err["loc"]))
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+class ImageDecoder:
+    """``{"id": optional str, "png_base64": str}`` → 2-D float32 array in [0, 1]; n = w*h."""
+
+    def __init__(self, spec: ItemSpec, max_pixels: int) -> None:
+        self.max_pixels = min(spec.max_pixels, max_pixels)
+
+    def decode(self, item: Any) -> DecodedItem:
+        if not isinstance(item, dict):
+            raise InvalidItem(
+                f"'item' must be an object with 'png_base64' (and optional 'id'), "
+                f"got {type(item).__name__}"
+            )
+        try:
+            parsed = ImageItem.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidItem(f"invalid image item: {_describe(exc)}") from None
+        try:
+            raw = base64.b64decode(parsed.png_base64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidItem("item.png_base64 is not valid base64") from None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                img = Image.open(io.BytesIO(raw))
+                width, height = img.size  # header only: nothing decoded yet
+                if width * height > self.max_pixels:
+                    raise ItemTooLarge(
+                        f"image is {width}x{height} = {width * height} pixels; the limit is "
+                        f"{self.max_pixels}: downscale it",
+                        pixels=width * height,
+                        limit=self.max_pixels,
+                    )
+                if img.format != "PNG":
+                    raise InvalidItem(f"item.png_base64 holds a {img.format} image, not a PNG")
+                pixels = np.asarray(img.convert("L"), dtype=np.uint8)
+        except (ItemTooLarge, InvalidItem):
+            raise
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError,
+                Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise InvalidItem("item.png_base64 does not decode to a PNG image") from None
+        if pixels.ndim != 2 or pixels.size == 0:
+            raise InvalidItem("item.png_base64 decodes to an empty image")
+        data = pixels.astype(np.float32) / np.float32(255.0)
+        if parsed.id is not None:
+            key = "id:" + parsed.id
+        else:
+            digest = hashlib.blake2b(pixels.tobytes(), digest_size=16)
+            digest.update(np.asarray(pixels.shape, dtype=np.int64).tobytes())
+            key = "h:" + digest.hexdigest()
+        return DecodedItem(data=data, size=int(pixels.size), key=key)
+
+
+def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
+    if spec.kind == "image":
+        return ImageDecoder(spec, max_pixels)
+    raise ValueError(f"unsupported item kind {spec.kind!r}")  # pragma: no cover - schema-guarded

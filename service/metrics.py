@@ -1,0 +1,57 @@
+"""Prometheus metrics (``budgetserve_*``). One registry per app; label sets stay small:
+bundle names and extractor names come from loaded bundles only, never from raw requests."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_COST = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+_UTILISATION = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.5, 2.0, 5.0)
+
+UNKNOWN_MODEL = "_unknown"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.request_latency = Histogram(
+            "budgetserve_request_duration_seconds",
+            "Wall time of POST /predict, from request to response",
+            ["model"], buckets=_LATENCY_S, registry=r,
+        )
+        self.requests = Counter(
+            "budgetserve_requests_total", "Predict requests by outcome", ["model", "status"],
+            registry=r,
+        )
+        self.extraction = Histogram(
+            "budgetserve_extraction_seconds", "Time of one feature extraction", ["extractor"],
+            buckets=_LATENCY_S, registry=r,
+        )
+        self.inference = Histogram(
+            "budgetserve_inference_seconds", "Time of one model inference", ["model"],
+            buckets=_LATENCY_S, registry=r,
+        )
+        self.spent = Histogram(
+            "budgetserve_spent_cost", "Cost spent per request, in the bundle's unit",
+            ["model"], buckets=_COST, registry=r,
+        )
+        self.utilisation = Histogram(
+            "budgetserve_budget_utilisation", "Spent cost / budget per request", ["model"],
+            buckets=_UTILISATION, registry=r,
+        )
+        self.cache = Counter(
+            "budgetserve_cache_requests_total", "Feature cache lookups and writes by result",
+            ["result"], registry=r,
+        )
+        self.budget_exceeded = Counter(
+            "budgetserve_budget_exceeded_total",
+            "Requests whose extraction ran past the budget (deadline_exceeded)", ["model"],
+            registry=r,
+        )
+        self.models_loaded = Gauge(
+            "budgetserve_models_loaded", "Bundles loaded and ready", registry=r,
+        )
+        for result in ("hit", "miss", "error", "write_error"):
+            self.cache.labels(result=result)

@@ -1,0 +1,109 @@
+"""Finding bundles on disk (repository) and loading them (registry).
+
+A bundle is ready once its manifest parsed, every extractor it names is installed at the
+recorded version, every ONNX model loaded and its strategy runtime was built. A bundle that
+fails any of these is kept out of service and reported with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+import service.strategies  # noqa: F401  (registers the built-in strategy runtimes)
+from service.bundle import MANIFEST_FILE, Manifest, read_manifest
+from service.errors import BundleError, ModelNotFound, ModelNotReady
+from service.extractors.base import Extractor, available_extractors, create_extractor
+from service.inference import LoadedModel, load_models
+from service.items import ItemDecoder, make_decoder
+from service.strategies.base import StrategyRuntime, strategy_for
+
+log = logging.getLogger("budgetserve.registry")
+
+
+@dataclass
+class Bundle:
+    name: str
+    path: Path
+    manifest: Manifest
+    extractors: dict[str, Extractor]
+    models: dict[str, LoadedModel]
+    runtime: StrategyRuntime
+    decoder: ItemDecoder
+
+
+@dataclass
+class Registry:
+    bundles: dict[str, Bundle] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str) -> Bundle:
+        bundle = self.bundles.get(name)
+        if bundle is not None:
+            return bundle
+        if name in self.failed:
+            raise ModelNotReady(name, self.failed[name])
+        raise ModelNotFound(name, sorted(self.bundles))
+
+
+def find_bundles(models_dir: Path) -> list[Path]:
+    """Folders of ``models_dir`` holding a manifest, sorted by name."""
+    if not models_dir.is_dir():
+        return []
+    return sorted(p for p in models_dir.iterdir() if (p / MANIFEST_FILE).is_file())
+
+
+def load_bundle(path: Path, max_pixels: int) -> Bundle:
+    try:
+        manifest = read_manifest(path)
+    except ValidationError as exc:
+        raise BundleError(f"{path / MANIFEST_FILE} is not a valid manifest: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
+    installed = available_extractors()
+    extractors: dict[str, Extractor] = {}
+    for spec in manifest.extractors:
+        try:
+            extractor = create_extractor(spec.name, spec.version, spec.params, installed)
+        except LookupError as exc:
+            raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
+        if extractor.dims != spec.dims:
+            raise BundleError(
+                f"bundle {manifest.name!r}: extractor {spec.name!r} yields {extractor.dims} "
+                f"dims, the bundle was trained with {spec.dims}"
+            )
+        extractors[spec.name] = extractor
+    models = load_models(manifest, path)
+    try:
+        runtime = strategy_for(manifest.strategy.kind)(manifest)
+    except LookupError as exc:
+        raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
+    return Bundle(
+        name=manifest.name,
+        path=path,
+        manifest=manifest,
+        extractors=extractors,
+        models=models,
+        runtime=runtime,
+        decoder=make_decoder(manifest.item, max_pixels),
+    )
+
+
+def load_registry(models_dir: Path, max_pixels: int) -> Registry:
+    registry = Registry()
+    for path in find_bundles(models_dir):
+        try:
+            bundle = load_bundle(path, max_pixels)
+        except BundleError as exc:
+            log.error("bundle %s not loaded: %s", path.name, exc)
+            registry.failed[path.name] = str(exc)
+            continue
+        if bundle.name in registry.bundles:
+            registry.failed[path.name] = f"duplicate bundle name {bundle.name!r}"
+            continue
+        registry.bundles[bundle.name] = bundle
+        log.info("bundle %s loaded (%d models)", bundle.name, len(bundle.models))
+    return registry

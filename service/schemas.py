@@ -1,0 +1,52 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128, description="bundle name")
+    item: Any = Field(description="the item, in the bundle's item format")
+    size: int | None = Field(
+        default=None, gt=0, description="item size n; measured from the item when absent"
+    )
+    budget: float = Field(gt=0, allow_inf_nan=False, description="in the bundle's cost unit")
+
+
+class CostReport(BaseModel):
+    unit: str
+    budget: float
+    planned: float = Field(description="predicted cost of the features planned at the start")
+    spent: float = Field(description="measured wall time of the work done for this request")
+    extraction: float = Field(description="time spent in extractors")
+    inference: float = Field(description="time spent in model inference")
+    cached: list[str] = Field(description="features served from the cache")
+    extracted: list[str] = Field(description="features computed for this request, in order")
+
+
+class PredictResponse(BaseModel):
+    model: str
+    prediction: str
+    probabilities: dict[str, float]
+    features: list[str] = Field(description="features the answering model used")
+    expected_accuracy: float
+    strategy: str
+    model_version: str
+    answered_by: str = Field(description="id of the model that answered")
+    deadline_exceeded: bool
+    cost: CostReport
+
+
+class ErrorBody(BaseModel):
+    type: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,40 @@
+"""Service settings, from environment variables only (prefix ``BUDGETSERVE_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BUDGETSERVE_", extra="ignore")
+
+    models_dir: Path = Field(default=Path("models"), description="folder of bundles to load")
+    host: str = Field(default="127.0.0.1", description="address `budgetserve-serve` binds")
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL", "BUDGETSERVE_REDIS_URL"),
+        description="feature cache in Redis when set (e.g. redis://127.0.0.1:6379/0); "
+        "otherwise an in-process LRU",
+    )
+    redis_timeout_ms: float = Field(
+        default=50.0, gt=0, description="socket timeout of Redis calls; a slow Redis counts as down"
+    )
+    cache_max_bytes: int = Field(
+        default=64 << 20, ge=0, description="in-process feature cache capacity in bytes"
+    )
+    cache_ttl_s: int = Field(default=3600, ge=1, description="expiry of features stored in Redis")
+    max_body_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
+    max_pixels: int = Field(
+        default=4096 * 4096, ge=1, description="largest image accepted (also capped by the bundle)"
+    )
+    overhead_reserve_ms: float = Field(
+        default=0.5,
+        ge=0,
+        description="part of each budget kept for planning, cache and inference; features are "
+        "planned within budget minus this reserve",
+    )

@@ -1,0 +1,5 @@
+"""Strategy runtimes; importing this package registers the built-in kinds."""
+
+from service.strategies import polydom as polydom
+
+__all__ = ["polydom"]
