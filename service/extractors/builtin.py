@@ -1,0 +1,442 @@
+"""The built-in image extractors.
+
+Every extractor accepts an "image" item: a 2-D float32 array with values in [0, 1], any
+side from 4 px up (8 to ~2048 px in practice, not necessarily square), and returns a
+float32 vector whose length does not depend on the image size. The features are
+normalised so that the same picture rendered at 16 px and at 256 px gives similar
+vectors: sampling positions, cell grids, LBP radii, gradient steps, frequency bands and
+Gabor kernels are all expressed relative to the image size rather than in pixels.
+
+Their costs grow differently with the pixel count ``n`` (this is what the planner
+exploits); each class docstring states its cost class. Only numpy is used here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from service.extractors.base import FloatVector
+
+__all__ = [
+    "HOG",
+    "MIN_SIDE",
+    "FFTBands",
+    "GaborBank",
+    "IntensityHistogram",
+    "LBPTexture",
+    "Projections",
+    "Thumbnail",
+]
+
+#: Smallest accepted image side, in pixels.
+MIN_SIDE = 4
+
+_EPS = 1e-12
+
+FloatImage = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.intp]
+
+
+def _as_image(item: Any) -> FloatImage:
+    """View ``item`` as a 2-D float32 array (no copy when it already is one)."""
+    image = np.asarray(item, dtype=np.float32)
+    if image.ndim != 2:
+        raise ValueError(f"an image item must be a 2-D array, got shape {image.shape}")
+    if min(image.shape) < MIN_SIDE:
+        raise ValueError(f"image sides must be >= {MIN_SIDE} px, got shape {image.shape}")
+    return image
+
+
+def _finish(vector: npt.NDArray[Any]) -> FloatVector:
+    """A contiguous float32 1-D copy with any non-finite value replaced by 0."""
+    out = np.ascontiguousarray(np.ravel(vector), dtype=np.float32)
+    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0, copy=False)
+
+
+def _cell_index(length: int, cells: int) -> IntArray:
+    """The cell (0..cells-1) of each of ``length`` coordinates on an even split."""
+    return (np.arange(length, dtype=np.intp) * cells) // length
+
+
+def _grid_index(height: int, width: int, rows: int, cols: int) -> IntArray:
+    """Per-pixel cell id ``row_cell * cols + col_cell`` of a rows x cols grid."""
+    return _cell_index(height, rows)[:, None] * cols + _cell_index(width, cols)[None, :]
+
+
+def _side(image: FloatImage) -> float:
+    """The effective side of an image, sqrt(n): a function of the pixel count only."""
+    return math.sqrt(image.shape[0] * image.shape[1])
+
+
+class Thumbnail:
+    """A fixed 8x8 grid of the image, each cell the mean of 2x2 sampled taps.
+
+    Cost class O(1): it reads ``4 * grid**2`` pixels whatever the image size (no
+    full-image resize). Dims: ``grid**2`` (64).
+    """
+
+    name: ClassVar[str] = "thumbnail"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(self, *, grid: int = 8, taps: int = 2) -> None:
+        if grid < 1 or taps < 1:
+            raise ValueError("grid and taps must be >= 1")
+        self.grid = grid
+        self.taps = taps
+
+    @property
+    def dims(self) -> int:
+        return self.grid * self.grid
+
+    def _positions(self, length: int) -> IntArray:
+        samples = self.grid * self.taps
+        pos = ((np.arange(samples) + 0.5) * (length / samples)).astype(np.intp)
+        return np.clip(pos, 0, length - 1)
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        rows = self._positions(image.shape[0])
+        cols = self._positions(image.shape[1])
+        taps = image[np.ix_(rows, cols)]
+        g, t = self.grid, self.taps
+        cells = taps.reshape(g, t, g, t).mean(axis=(1, 3))
+        return _finish(cells)
+
+
+class IntensityHistogram:
+    """Normalised histogram of pixel intensities over [0, 1].
+
+    Cost class O(n): one pass to bin every pixel. Dims: ``bins`` (16); sums to 1.
+    """
+
+    name: ClassVar[str] = "histogram"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(self, *, bins: int = 16) -> None:
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        self.bins = bins
+
+    @property
+    def dims(self) -> int:
+        return self.bins
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        scaled = np.clip(image.ravel() * self.bins, 0.0, self.bins - 1)
+        counts = np.bincount(scaled.astype(np.intp), minlength=self.bins)
+        return _finish(counts / max(image.size, 1))
+
+
+def _resample_profile(profile: npt.NDArray[np.float64], bins: int) -> npt.NDArray[np.float64]:
+    """Area-average a 1-D profile of any length onto ``bins`` equal segments."""
+    length = profile.shape[0]
+    cumulative = np.concatenate(([0.0], np.cumsum(profile)))
+    edges = np.linspace(0.0, float(length), bins + 1)
+    sums = np.interp(edges, np.arange(length + 1, dtype=np.float64), cumulative)
+    return np.asarray(np.diff(sums) / (length / bins), dtype=np.float64)
+
+
+class Projections:
+    """Row and column mean-intensity profiles, each area-resampled to ``bins`` values.
+
+    Cost class O(n): one pass for the row and column means. Dims: ``2 * bins`` (32):
+    the row profile (top to bottom) then the column profile (left to right).
+    """
+
+    name: ClassVar[str] = "projection"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(self, *, bins: int = 16) -> None:
+        if bins < 1:
+            raise ValueError("bins must be >= 1")
+        self.bins = bins
+
+    @property
+    def dims(self) -> int:
+        return 2 * self.bins
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        rows = image.mean(axis=1, dtype=np.float64)
+        cols = image.mean(axis=0, dtype=np.float64)
+        return _finish(
+            np.concatenate((_resample_profile(rows, self.bins), _resample_profile(cols, self.bins)))
+        )
+
+
+def _l2_hys(blocks: npt.NDArray[np.float64], clip: float) -> npt.NDArray[np.float64]:
+    """L2-Hys normalisation of each row: L2-normalise, clip at ``clip``, renormalise."""
+    norm = np.sqrt((blocks * blocks).sum(axis=-1, keepdims=True)) + 1e-6
+    clipped = np.minimum(blocks / norm, clip)
+    norm = np.sqrt((clipped * clipped).sum(axis=-1, keepdims=True)) + 1e-6
+    return np.asarray(clipped / norm, dtype=np.float64)
+
+
+class HOG:
+    """Histograms of oriented gradients on a 4x4 cell grid, 8 unsigned orientations.
+
+    Gradients are central differences over a step proportional to the image side
+    (``max(1, round(sqrt(n) / 32))`` px) so that their scale, and the influence of pixel
+    noise, do not change with the resolution. Each pixel votes its gradient magnitude
+    into the two nearest orientation bins; the cell histograms are L2-Hys normalised over
+    overlapping 2x2-cell blocks.
+
+    Cost class O(n), with a larger constant than the other linear extractors (gradients,
+    ``arctan2``, two weighted bincounts). Dims: ``(cells-1)**2 * 4 * orientations`` (288).
+    """
+
+    name: ClassVar[str] = "hog"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(self, *, cells: int = 4, orientations: int = 8, clip: float = 0.2) -> None:
+        if cells < 2 or orientations < 2:
+            raise ValueError("cells and orientations must be >= 2")
+        self.cells = cells
+        self.orientations = orientations
+        self.clip = clip
+
+    @property
+    def dims(self) -> int:
+        return (self.cells - 1) ** 2 * 4 * self.orientations
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        step = max(1, min(round(_side(image) / 32), (min(image.shape) - 1) // 2))
+        inner = image[step:-step, step:-step]
+        gx = image[step:-step, 2 * step :] - image[step:-step, : -2 * step]
+        gy = image[2 * step :, step:-step] - image[: -2 * step, step:-step]
+        magnitude = np.sqrt(gx * gx + gy * gy).ravel()
+        angle = np.arctan2(gy, gx).ravel()
+        o = self.orientations
+        # unsigned orientation in [0, o), bin centres at 0.5, 1.5, ...
+        position = (angle % np.pi) * np.float32(o / np.pi) - np.float32(0.5)
+        lower = np.floor(position)
+        upper_weight = position - lower
+        bin0 = lower.astype(np.intp) % o
+        bin1 = (bin0 + 1) % o
+        c = self.cells
+        cell = _grid_index(inner.shape[0], inner.shape[1], c, c).ravel() * o
+        size = c * c * o
+        hist: npt.NDArray[np.float64] = np.asarray(
+            np.bincount(cell + bin0, weights=magnitude * (1 - upper_weight), minlength=size),
+            dtype=np.float64,
+        )
+        hist += np.bincount(cell + bin1, weights=magnitude * upper_weight, minlength=size)
+        hist = hist.reshape(c, c, o)
+        blocks = np.stack(
+            [hist[i : i + 2, j : j + 2].ravel() for i in range(c - 1) for j in range(c - 1)]
+        )
+        return _finish(_l2_hys(blocks, self.clip))
+
+
+def _uniform_lbp_table() -> npt.NDArray[np.intp]:
+    """Map each 8-bit LBP code to one of 58 uniform patterns, or 58 when non-uniform."""
+    table = np.full(256, 58, dtype=np.intp)
+    label = 0
+    for code in range(256):
+        bits = [(code >> i) & 1 for i in range(8)]
+        transitions = sum(bits[i] != bits[(i + 1) % 8] for i in range(8))
+        if transitions <= 2:
+            table[code] = label
+            label += 1
+    return table
+
+
+_LBP_TABLE = _uniform_lbp_table()
+_LBP_BINS = 59
+
+
+class LBPTexture:
+    """Uniform local binary patterns (8 neighbours) histogrammed on a 2x2 grid.
+
+    The neighbour distance grows with the image (``max(1, round(sqrt(n) / 32))`` px), so
+    the codes see the same structure at every resolution; a neighbour counts as brighter
+    when it exceeds the centre by more than ``threshold`` (flat, noisy regions stay flat).
+    Each cell's 59-bin histogram (58 uniform codes + 1 for all others) is normalised to 1.
+
+    Cost class O(n): eight shifted comparisons, a table lookup and a bincount.
+    Dims: ``grid**2 * 59`` (236).
+    """
+
+    name: ClassVar[str] = "lbp"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(self, *, grid: int = 2, threshold: float = 0.05) -> None:
+        if grid < 1:
+            raise ValueError("grid must be >= 1")
+        self.grid = grid
+        self.threshold = threshold
+
+    @property
+    def dims(self) -> int:
+        return self.grid * self.grid * _LBP_BINS
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        h, w = image.shape
+        r = max(1, min(round(_side(image) / 32), (min(h, w) - 1) // 2))
+        centre = image[r : h - r, r : w - r] + np.float32(self.threshold)
+        offsets = ((-r, -r), (-r, 0), (-r, r), (0, r), (r, r), (r, 0), (r, -r), (0, -r))
+        code = np.zeros(centre.shape, dtype=np.uint8)
+        for bit, (dy, dx) in enumerate(offsets):
+            neighbour = image[r + dy : h - r + dy, r + dx : w - r + dx]
+            code |= (neighbour > centre).view(np.uint8) << np.uint8(bit)
+        mapped = _LBP_TABLE[code]
+        g = self.grid
+        cell = _grid_index(centre.shape[0], centre.shape[1], g, g)
+        hist = np.bincount(
+            (cell * _LBP_BINS + mapped).ravel(), minlength=g * g * _LBP_BINS
+        ).reshape(g * g, _LBP_BINS)
+        totals = hist.sum(axis=1, keepdims=True)
+        return _finish(hist / np.maximum(totals, 1))
+
+
+class FFTBands:
+    """2-D FFT power pooled in radial x angular bands, in cycles per image.
+
+    Frequencies are measured in cycles per image (not per pixel), so a band covers the
+    same structure at every resolution; only frequencies up to ``max_cycles`` are used
+    (pixel noise lives above). The mean is removed (no DC), band powers are normalised
+    to sum 1 and square-rooted.
+
+    Cost class O(n log n): one real 2-D FFT plus O(n) band bookkeeping.
+    Dims: ``len(radii) * angles`` (6 x 4 = 24).
+    """
+
+    name: ClassVar[str] = "fft_bands"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(
+        self,
+        *,
+        radii: tuple[float, ...] = (0.5, 1.5, 2.5, 3.5, 4.5, 6.0, 8.0),
+        angles: int = 4,
+    ) -> None:
+        edges = [float(r) for r in radii]
+        if len(edges) < 2 or any(a >= b for a, b in itertools.pairwise(edges)):
+            raise ValueError("radii must be >= 2 increasing band edges")
+        if angles < 1:
+            raise ValueError("angles must be >= 1")
+        self.radii = tuple(edges)
+        self.angles = angles
+
+    @property
+    def dims(self) -> int:
+        return (len(self.radii) - 1) * self.angles
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        h, w = image.shape
+        spectrum = np.fft.rfft2(image - image.mean(dtype=np.float64))
+        power = spectrum.real**2 + spectrum.imag**2
+        fy = np.fft.fftfreq(h) * h  # cycles per image, vertical
+        fx = np.fft.rfftfreq(w) * w  # cycles per image, horizontal (>= 0)
+        radius = np.sqrt(fy[:, None] ** 2 + fx[None, :] ** 2)
+        angle = np.arctan2(fy[:, None], fx[None, :]) % np.pi
+        radial_bins = len(self.radii) - 1
+        ring = np.searchsorted(np.asarray(self.radii), radius, side="right") - 1
+        sector = np.minimum((angle * (self.angles / np.pi)).astype(np.intp), self.angles - 1)
+        inside = (ring >= 0) & (ring < radial_bins)
+        band = ring[inside] * self.angles + sector[inside]
+        totals = np.bincount(band, weights=power[inside], minlength=self.dims)
+        share = totals / (totals.sum() + _EPS)
+        return _finish(np.sqrt(share))
+
+
+def _gabor_kernels(size: int, orientations: int) -> npt.NDArray[np.float32]:
+    """Even (cosine) Gabor kernels, zero-mean and L1-normalised: (orientations, k, k)."""
+    half = size // 2
+    sigma = max(half / 2.0, 0.5)
+    wavelength = 4.0 * sigma
+    y, x = np.mgrid[-half : half + 1, -half : half + 1].astype(np.float64)
+    envelope = np.exp(-(x * x + y * y) / (2.0 * sigma * sigma))
+    kernels = np.empty((orientations, size, size), dtype=np.float64)
+    for i in range(orientations):
+        theta = np.pi * i / orientations
+        rotated = x * np.cos(theta) + y * np.sin(theta)
+        carrier = np.cos(2.0 * np.pi * rotated / wavelength)
+        carrier -= (envelope * carrier).sum() / envelope.sum()  # zero DC response
+        kernel = envelope * carrier
+        kernels[i] = kernel / np.abs(kernel).sum()
+    return kernels.astype(np.float32)
+
+
+class GaborBank:
+    """A bank of even Gabor filters, spatial convolution, |response| pooled on a grid.
+
+    The kernel side grows with the image, ``k = clip(sqrt(n) // 16, min_kernel,
+    max_kernel)`` made odd, so the filters see the same structure at every resolution.
+    The convolution is a shifted-sum accumulation over the ``k*k`` taps (no FFT), and the
+    mean absolute response per orientation and cell is L2-normalised.
+
+    Cost class O(n k²) ~ O(n²) while ``k`` grows with the side (up to ``max_kernel``),
+    superlinear: about 40 ms at 256x256. Dims: ``orientations * grid**2`` (4 x 16 = 64).
+    """
+
+    name: ClassVar[str] = "gabor"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "image"
+
+    def __init__(
+        self,
+        *,
+        orientations: int = 4,
+        grid: int = 4,
+        min_kernel: int = 5,
+        max_kernel: int = 33,
+    ) -> None:
+        if orientations < 1 or grid < 1 or min_kernel < 3 or max_kernel < min_kernel:
+            raise ValueError("invalid Gabor bank parameters")
+        self.orientations = orientations
+        self.grid = grid
+        self.min_kernel = min_kernel
+        self.max_kernel = max_kernel
+
+    @property
+    def dims(self) -> int:
+        return self.orientations * self.grid * self.grid
+
+    def kernel_size(self, n: int) -> int:
+        """The (odd) kernel side used for an image of ``n`` pixels."""
+        k = min(max(self.min_kernel, int(math.sqrt(n)) // 16), self.max_kernel)
+        return k if k % 2 == 1 else k + 1
+
+    def extract(self, item: Any) -> FloatVector:
+        image = _as_image(item)
+        h, w = image.shape
+        k = self.kernel_size(h * w)
+        kernels = _gabor_kernels(k, self.orientations)
+        padded = np.pad(image, k // 2, mode="edge")
+        response = np.zeros((self.orientations, h, w), dtype=np.float32)
+        scratch = np.empty_like(response)
+        for dy in range(k):
+            for dx in range(k):
+                np.multiply(
+                    kernels[:, dy, dx, None, None],
+                    padded[None, dy : dy + h, dx : dx + w],
+                    out=scratch,
+                )
+                response += scratch
+        np.abs(response, out=response)
+        g = self.grid
+        row_starts = np.searchsorted(_cell_index(h, g), np.arange(g))
+        col_starts = np.searchsorted(_cell_index(w, g), np.arange(g))
+        pooled = np.add.reduceat(
+            np.add.reduceat(response, row_starts, axis=1, dtype=np.float64), col_starts, axis=2
+        )
+        counts = np.diff(np.append(row_starts, h))[:, None] * np.diff(np.append(col_starts, w))
+        pooled /= counts[None, :, :]
+        norm = math.sqrt(float((pooled * pooled).sum()))
+        return _finish(pooled / (norm + 1e-9))

@@ -1,0 +1,104 @@
+"""Shared fixtures: real bundles (built by the real builder), real apps, real Redis."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_BUNDLE = ROOT / "models" / "digits"
+SHARED = ROOT.parent / "shared"
+
+
+def png_b64(image: np.ndarray) -> str:
+    """Grayscale float image in [0, 1] → base64 PNG."""
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L").save(
+        buf, format="PNG"
+    )
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def digit_image(index: int, side: int) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    from training.digits import render_digit
+
+    images = load_digits().images
+    return render_digit(np.asarray(images[index], dtype=np.float64), side,
+                        np.random.default_rng(index))
+
+
+@pytest.fixture(scope="session")
+def digits_bundle_dir() -> Path:
+    if not (DIGITS_BUNDLE / "manifest.json").is_file():
+        pytest.fail("models/digits is missing: run `make bundle` (make test builds it first)")
+    return DIGITS_BUNDLE
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real bundle: 3 extractors, 400 digits, fixed (deliberately optimistic) costs
+    so that tests control planning; built by the real builder, ONNX-verified."""
+    from service.bundle import CostPolynomial
+    from training.build import BuildConfig, build_bundle
+
+    root = tmp_path_factory.mktemp("bundles")
+    costs = {
+        "thumbnail": CostPolynomial(coefficients=[0.01]),
+        "histogram": CostPolynomial(coefficients=[0.01, 1e-9]),
+        "hog": CostPolynomial(coefficients=[0.02, 1e-9]),
+    }
+    config = BuildConfig(
+        name="tiny", extractors=("thumbnail", "histogram", "hog"), limit=400,
+        train_sides=(16, 32), profile_sides=(16, 256), epsilon=0.0, delta=0.02,
+    )
+    build_bundle(root / "tiny", config, costs=costs)
+    return root / "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """REDIS_URL if given (make test starts one), else a redis-server started here."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    try:
+        port = free_port()
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        pytest.skip("redis-server is not installed and REDIS_URL is unset (make test sets it)")
+    import time
+
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -1,0 +1,289 @@
+"""The HTTP API through the real app (httpx via Starlette's TestClient, lifespan included)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from service.api import create_app
+from service.cache import InProcessCache
+from service.settings import Settings
+from tests.conftest import digit_image, png_b64
+
+
+def make_client(models_dir: Path, **settings: object) -> tuple[TestClient, InProcessCache]:
+    cache = InProcessCache(1 << 20)
+    app = create_app(Settings(models_dir=models_dir, **settings), cache=cache)  # type: ignore[arg-type]
+    return TestClient(app), cache
+
+
+@pytest.fixture(scope="module")
+def digits(digits_bundle_dir: Path) -> Iterator[tuple[TestClient, InProcessCache]]:
+    client, cache = make_client(digits_bundle_dir.parent, max_body_bytes=512 * 1024,
+                                max_pixels=512 * 512)
+    with client:
+        yield client, cache
+
+
+def predict(client: TestClient, **body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    r = client.post("/predict", json=body)
+    return r.status_code, r.json()
+
+
+def test_health_ready_and_models(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    listed = client.get("/models").json()
+    assert [m["name"] for m in listed["models"]] == ["digits"]
+    detail = client.get("/models/digits").json()
+    assert detail["strategy"]["kind"] == "polydom"
+    assert len(detail["extractors"]) >= 6
+    assert all(e["cost"]["unit"] == "ms" for e in detail["extractors"])
+
+
+def test_predict_reports_prediction_and_cost(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    image = digit_image(3, 64)
+    status, body = predict(client, model="digits", item={"png_base64": png_b64(image)},
+                           budget=1000.0)
+    assert status == 200, body
+    assert body["prediction"] in body["probabilities"]
+    assert abs(sum(body["probabilities"].values()) - 1.0) < 1e-4
+    assert body["strategy"] == "polydom"
+    assert body["deadline_exceeded"] is False
+    cost = body["cost"]
+    assert cost["unit"] == "ms" and cost["budget"] == 1000.0
+    assert 0 < cost["spent"] <= 1000.0
+    assert cost["extraction"] <= cost["spent"]
+    assert set(body["features"]) <= set(cost["extracted"]) | set(cost["cached"])
+    assert body["features"], "a generous budget must buy features"
+    assert body["expected_accuracy"] > 0.8
+
+
+def test_small_budget_buys_fewer_features(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    item = {"png_base64": png_b64(digit_image(5, 128)), "id": "budget-compare-a"}
+    _, rich = predict(client, model="digits", item=item, budget=500.0)
+    item_b = {"png_base64": item["png_base64"], "id": "budget-compare-b"}
+    _, poor = predict(client, model="digits", item=item_b, budget=0.05)
+    assert poor["cost"]["planned"] <= rich["cost"]["planned"]
+    assert poor["expected_accuracy"] <= rich["expected_accuracy"]
+    assert len(poor["cost"]["extracted"]) <= len(rich["cost"]["extracted"])
+
+
+def test_second_request_is_served_from_cache(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    item = {"png_base64": png_b64(digit_image(7, 96))}
+    _, first = predict(client, model="digits", item=item, budget=300.0)
+    _, second = predict(client, model="digits", item=item, budget=300.0)
+    assert first["cost"]["cached"] == []
+    assert first["cost"]["extracted"], "first request extracts"
+    assert set(first["cost"]["extracted"]) <= set(second["cost"]["cached"])
+    assert second["cost"]["extracted"] == [] or set(second["cost"]["extracted"]).isdisjoint(
+        second["cost"]["cached"]
+    )
+    assert second["prediction"] == first["prediction"]
+
+
+def test_size_measured_and_checked(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    b64 = png_b64(digit_image(1, 32))
+    status, _ = predict(client, model="digits", item={"png_base64": b64}, size=32 * 32,
+                        budget=10.0)
+    assert status == 200
+    status, body = predict(client, model="digits", item={"png_base64": b64}, size=999,
+                           budget=10.0)
+    assert status == 422
+    assert body["error"]["type"] == "size_mismatch"
+    assert body["error"]["details"] == {"given": 999, "measured": 1024}
+
+
+def _jpeg_b64() -> str:
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((16, 16), dtype=np.uint8)).save(buf, format="JPEG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _big_png_b64(side: int) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((side, side), dtype=np.uint8)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+GOOD = png_b64(np.zeros((16, 16), dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "mentions"),
+    [
+        ({"model": "nope", "item": {"png_base64": GOOD}, "budget": 1}, 404, "model_not_found",
+         "nope"),
+        ({"model": "digits", "budget": 1}, 422, "invalid_request", "item"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": 0}, 422,
+         "invalid_request", "budget"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": -3}, 422,
+         "invalid_request", "budget"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": "fast"}, 422,
+         "invalid_request", "budget"),
+        ({"model": "digits", "item": {"png_base64": GOOD}}, 422, "invalid_request", "budget"),
+        ({"model": "digits", "item": "a string", "budget": 1}, 422, "invalid_item", "item"),
+        ({"model": "digits", "item": [1, 2], "budget": 1}, 422, "invalid_item", "list"),
+        ({"model": "digits", "item": {"values": {"a": 1}}, "budget": 1}, 422, "invalid_item",
+         "png_base64"),
+        ({"model": "digits", "item": {"png_base64": "!!not base64!!"}, "budget": 1}, 422,
+         "invalid_item", "base64"),
+        ({"model": "digits", "item": {"png_base64": base64.b64encode(b"garbage").decode()},
+          "budget": 1}, 422, "invalid_item", "PNG"),
+        ({"model": "digits", "item": {"png_base64": _jpeg_b64()}, "budget": 1}, 422,
+         "invalid_item", "JPEG"),
+        ({"model": "digits", "item": {"png_base64": _big_png_b64(600)}, "budget": 1}, 413,
+         "item_too_large", "pixels"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "size": 0, "budget": 1}, 422,
+         "invalid_request", "size"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": 1, "extra": 1}, 422,
+         "invalid_request", "extra"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(
+    digits: tuple[TestClient, InProcessCache],
+    body: dict,  # type: ignore[type-arg]
+    status: int,
+    kind: str,
+    mentions: str,
+) -> None:
+    client, cache = digits
+    before = len(cache)
+    r = client.post("/predict", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == kind
+    assert mentions in err["message"]
+    assert len(cache) == before, "a failed request must not write to the cache"
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_budget_rejected(
+    digits: tuple[TestClient, InProcessCache], literal: str
+) -> None:
+    client, _ = digits
+    raw = f'{{"model": "digits", "item": {{"png_base64": "{GOOD}"}}, "budget": {literal}}}'
+    r = client.post("/predict", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert "budget" in r.json()["error"]["message"]
+
+
+def test_malformed_json(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    r = client.post("/predict", content=b'{"model": "digits", ',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["error"]["type"] == "invalid_request"
+    assert "JSON" in r.json()["error"]["message"]
+
+
+def test_oversized_body(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    payload = json.dumps({"model": "digits", "item": {"png_base64": "A" * 600_000},
+                          "budget": 1})
+    r = client.post("/predict", content=payload, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["type"] == "payload_too_large"
+
+
+def test_oversized_streamed_body_without_length(
+    digits: tuple[TestClient, InProcessCache],
+) -> None:
+    client, _ = digits
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "digits", "item": {"png_base64": "'
+        for _ in range(100):
+            yield b"A" * 10_000
+        yield b'"}, "budget": 1}'
+
+    r = client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["type"] == "payload_too_large"
+
+
+def test_metrics_exposed(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    predict(client, model="digits", item={"png_base64": png_b64(digit_image(2, 48))},
+            budget=50.0)
+    text = client.get("/metrics").text
+    for name in (
+        "budgetserve_request_duration_seconds_bucket",
+        "budgetserve_requests_total",
+        "budgetserve_extraction_seconds_bucket",
+        "budgetserve_inference_seconds_bucket",
+        "budgetserve_spent_cost_bucket",
+        "budgetserve_budget_utilisation_bucket",
+        "budgetserve_cache_requests_total",
+        "budgetserve_budget_exceeded_total",
+    ):
+        assert name in text, name
+    assert 'budgetserve_requests_total{model="digits",status="ok"}' in text
+    assert 'model="nope"' not in text, "unknown model names must not become label values"
+
+
+def test_deadline_exceeded_falls_back_to_computed_features(tiny_bundle_dir: Path) -> None:
+    # The tiny bundle's cost model is wildly optimistic (hog at 1024 px "costs" ~0.02 ms),
+    # so a 3 ms budget plans histogram+hog, but real extraction at 1024 px runs past it.
+    client, _ = make_client(tiny_bundle_dir.parent, overhead_reserve_ms=0.0)
+    image = np.tile(digit_image(4, 64), (16, 16))  # 1024 x 1024
+    with client:
+        status, body = predict(client, model="tiny", item={"png_base64": png_b64(image)},
+                               budget=3.0)
+        assert status == 200, body
+        assert body["deadline_exceeded"] is True
+        assert body["cost"]["planned"] < 0.1
+        assert body["cost"]["spent"] > 3.0
+        computed = set(body["cost"]["extracted"]) | set(body["cost"]["cached"])
+        assert set(body["features"]) <= computed
+        models = client.get("/models/tiny").json()["models"]
+        best = max(m["accuracy"] for m in models if set(m["features"]) <= computed)
+        assert body["expected_accuracy"] == best, "fallback = best model computable in hand"
+        text = client.get("/metrics").text
+        assert 'budgetserve_budget_exceeded_total{model="tiny"} 1.0' in text
+
+
+def test_broken_bundle_is_reported_not_served(tmp_path: Path, tiny_bundle_dir: Path) -> None:
+    import shutil
+
+    good = tmp_path / "tiny"
+    shutil.copytree(tiny_bundle_dir, good)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bundle_dir, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["name"] = "broken"
+    manifest["extractors"][0]["version"] = "99"
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    client, _ = make_client(tmp_path)
+    with client:
+        listed = client.get("/models").json()
+        assert [m["name"] for m in listed["models"]] == ["tiny"]
+        [failed] = listed["failed"]
+        assert failed["name"] == "broken"
+        assert "thumbnail" in failed["error"] and "99" in failed["error"]
+        r = client.post("/predict", json={"model": "broken", "item": {"png_base64": GOOD},
+                                          "budget": 1})
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "model_not_ready"
+
+
+def test_not_ready_without_bundles(tmp_path: Path) -> None:
+    client, _ = make_client(tmp_path)
+    with client:
+        r = client.get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["ready"] is False

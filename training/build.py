@@ -1,0 +1,367 @@
+"""Build a Poly-Dom bundle: profile costs, render data, expand the lattice, export, write.
+
+The steps, each usable on its own:
+
+1. :func:`profile_costs` — time every extractor at several sizes, fit c_f(n) (p95).
+2. :func:`digits_features` — render digits at mixed sizes and extract every feature once.
+3. :class:`LatticeEvaluator` — the black box a(F): fit the learner on F, score held-out rows.
+4. :func:`build_bundle` — Poly-Dom over the lattice, ONNX export of the candidates (checked
+   against the fitted models), index and manifest written to ``models/<name>/``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.base import clone
+
+from service.bundle import (
+    CostPolynomial,
+    ExtractorSpec,
+    ItemSpec,
+    Manifest,
+    ModelSpec,
+    PolyDomIndex,
+    PolyDomStrategy,
+    Provenance,
+    model_id_for,
+    write_manifest,
+)
+from service.extractors.base import Extractor, create_extractor
+from training.export import export_classifier, verify_export
+from training.learners import default_learner
+from training.polydom import PolyDom
+
+FloatMatrix = npt.NDArray[np.float32]
+Progress = Callable[[str, int, int], None]
+
+DIGITS_EXTRACTORS = ("thumbnail", "histogram", "projection", "hog", "lbp", "fft_bands", "gabor")
+VERIFICATION_FILE = "verification.json"
+
+
+def _noop(stage: str, done: int, total: int) -> None:
+    return None
+
+
+@dataclass
+class FeatureData:
+    """Every extractor's output for every row, with labels and a train/val/test split."""
+
+    names: list[str]
+    blocks: dict[str, FloatMatrix]
+    labels: npt.NDArray[np.int64]
+    sides: npt.NDArray[np.int64]
+    train: npt.NDArray[np.int64]
+    val: npt.NDArray[np.int64]
+    test: npt.NDArray[np.int64]
+    fingerprint: str
+
+    def matrix(self, features: Sequence[str], rows: npt.NDArray[np.int64]) -> FloatMatrix:
+        if not features:
+            return np.zeros((len(rows), 0), dtype=np.float32)
+        return np.hstack([self.blocks[f][rows] for f in features]).astype(np.float32)
+
+
+def make_extractors(names: Sequence[str] = DIGITS_EXTRACTORS) -> list[Extractor]:
+    return [create_extractor(name) for name in names]
+
+
+def profile_costs(
+    extractors: Sequence[Extractor],
+    sides: Sequence[int],
+    repeats: int,
+    quantile: float = 0.95,
+    progress: bool = False,
+) -> dict[str, CostPolynomial]:
+    from training.profiling import fit_profiles, profile_extractors
+
+    timings = profile_extractors(list(extractors), list(sides), repeats, progress=progress)
+    costs = fit_profiles(timings, quantile=quantile)
+    return costs
+
+
+def split_rows(
+    n: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Row positions of the 60 / 20 / 20 train / validation / test split (after shuffling)."""
+    idx = np.arange(n, dtype=np.int64)
+    n_train, n_val = int(0.6 * n), int(0.2 * n)
+    return idx[:n_train], idx[n_train : n_train + n_val], idx[n_train + n_val :]
+
+
+def digits_features(
+    extractors: Sequence[Extractor],
+    sides: Sequence[int],
+    *,
+    seed: int = 0,
+    limit: int | None = None,
+    progress: Progress = _noop,
+) -> FeatureData:
+    """Render each scikit-learn digit once at a side drawn from ``sides`` and extract."""
+    from sklearn.datasets import load_digits
+
+    from training.digits import render_digit
+
+    digits = load_digits()
+    images8 = np.asarray(digits.images, dtype=np.float64)
+    labels = np.asarray(digits.target, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(labels))
+    if limit is not None:
+        order = order[:limit]
+    images8, labels = images8[order], labels[order]
+    chosen = rng.choice(np.asarray(sides, dtype=np.int64), size=len(labels))
+    blocks = {e.name: np.zeros((len(labels), e.dims), dtype=np.float32) for e in extractors}
+    for i, (pix, side) in enumerate(zip(images8, chosen, strict=True)):
+        image = render_digit(pix, int(side), rng)
+        for e in extractors:
+            blocks[e.name][i] = e.extract(image)
+        progress("extract", i + 1, len(labels))
+    train, val, test = split_rows(len(labels))
+    h = hashlib.sha256(digits.images.astype(np.float64).tobytes())
+    h.update(json.dumps({"sides": list(map(int, sides)), "seed": seed, "limit": limit}).encode())
+    return FeatureData(
+        names=[e.name for e in extractors],
+        blocks=blocks,
+        labels=labels,
+        sides=chosen,
+        train=train,
+        val=val,
+        test=test,
+        fingerprint="sha256:" + h.hexdigest(),
+    )
+
+
+@dataclass
+class LatticeEvaluator:
+    """a(F): fit a fresh learner on F's columns (train rows), accuracy on validation rows.
+
+    Memoised by feature-set mask; ``calls`` counts distinct expansions (Metric 1).
+    """
+
+    data: FeatureData
+    learner: Any = field(default_factory=default_learner)
+    progress: Progress = _noop
+    fitted: dict[int, Any] = field(default_factory=dict)
+    accuracy: dict[int, float] = field(default_factory=dict)
+
+    def features(self, mask: int) -> list[str]:
+        return [n for i, n in enumerate(self.data.names) if mask >> i & 1]
+
+    @property
+    def calls(self) -> int:
+        return len(self.accuracy)
+
+    def __call__(self, mask: int) -> float:
+        if mask in self.accuracy:
+            return self.accuracy[mask]
+        d = self.data
+        y_train, y_val = d.labels[d.train], d.labels[d.val]
+        feats = self.features(mask)
+        if not feats:
+            classes, counts = np.unique(y_train, return_counts=True)
+            acc = float(np.mean(y_val == classes[np.argmax(counts)]))
+            self.fitted[mask] = None
+        else:
+            model = clone(self.learner).fit(d.matrix(feats, d.train), y_train)
+            acc = float(np.mean(model.predict(d.matrix(feats, d.val)) == y_val))
+            self.fitted[mask] = model
+        self.accuracy[mask] = acc
+        self.progress("expand", len(self.accuracy), 1 << len(d.names))
+        return acc
+
+
+def _cost_matrix(costs: dict[str, CostPolynomial], names: Sequence[str]) -> npt.NDArray[np.float64]:
+    width = max(len(costs[n].coefficients) for n in names)
+    out = np.zeros((len(names), width))
+    for i, n in enumerate(names):
+        out[i, : len(costs[n].coefficients)] = costs[n].coefficients
+    return out
+
+
+def _libraries() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("numpy", "scikit-learn", "skl2onnx", "onnx", "onnxruntime", "pillow", "scipy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+@dataclass
+class BuildConfig:
+    name: str = "digits"
+    train_sides: tuple[int, ...] = (16, 24, 32, 48, 64)
+    profile_sides: tuple[int, ...] = (16, 32, 64, 96, 128, 192, 256)
+    profile_repeats: int = 15
+    quantile: float = 0.95
+    epsilon: float = 0.01
+    delta: float = 0.01
+    seed: int = 0
+    limit: int | None = None
+    max_pixels: int = 1024 * 1024
+    extractors: tuple[str, ...] = DIGITS_EXTRACTORS
+
+    @property
+    def size_domain(self) -> tuple[float, float]:
+        return (float(min(self.profile_sides) ** 2), float(max(self.profile_sides) ** 2))
+
+
+@dataclass
+class BuildResult:
+    manifest: Manifest
+    path: Path
+    evaluator: LatticeEvaluator
+    polydom: PolyDom
+    data: FeatureData
+    export_errors: dict[str, float]
+
+
+def build_bundle(
+    out_dir: Path,
+    config: BuildConfig,
+    *,
+    costs: dict[str, CostPolynomial] | None = None,
+    data: FeatureData | None = None,
+    progress: Progress = _noop,
+    profile_progress: bool = False,
+) -> BuildResult:
+    """Train and write a digits Poly-Dom bundle to ``out_dir`` (replaced atomically)."""
+    extractors = make_extractors(config.extractors)
+    names = [e.name for e in extractors]
+    if costs is None:
+        costs = profile_costs(
+            extractors, config.profile_sides, config.profile_repeats, config.quantile,
+            progress=profile_progress,
+        )
+    if data is None:
+        data = digits_features(
+            extractors, config.train_sides, seed=config.seed, limit=config.limit, progress=progress
+        )
+    evaluator = LatticeEvaluator(data, progress=progress)
+    polydom = PolyDom(epsilon=config.epsilon, delta=config.delta)
+    polydom.fit(evaluator, _cost_matrix(costs, names), config.size_domain)
+
+    classes = [str(c) for c in np.unique(data.labels)]
+    tmp = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=out_dir.parent))
+    try:
+        models, export_errors = _export_candidates(tmp, evaluator, polydom, data, classes)
+        candidate_ids = [model_id_for(evaluator.features(m)) for m in polydom.candidates_]
+        skylines = [
+            [candidate_ids[pos] for pos in skyline] for skyline in polydom.index_.skylines
+        ]
+        digest = hashlib.sha256()
+        for path in sorted(tmp.glob("*.onnx")):
+            digest.update(path.read_bytes())
+        digest.update(json.dumps(skylines).encode())
+        manifest = Manifest(
+            name=config.name,
+            version=f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}",
+            classes=classes,
+            cost_unit="ms",
+            item=ItemSpec(kind="image", max_pixels=config.max_pixels),
+            extractors=[
+                ExtractorSpec(name=e.name, version=e.version, dims=e.dims, cost=costs[e.name])
+                for e in extractors
+            ],
+            models=models,
+            strategy=PolyDomStrategy(
+                epsilon=config.epsilon,
+                delta=config.delta,
+                size_domain=config.size_domain,
+                candidates=candidate_ids,
+                index=PolyDomIndex(
+                    breakpoints=[float(b) for b in polydom.index_.breakpoints], skylines=skylines
+                ),
+                stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
+            ),
+            provenance=Provenance(
+                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                data_fingerprint=data.fingerprint,
+                parameters={
+                    "train_sides": list(config.train_sides),
+                    "profile_sides": list(config.profile_sides),
+                    "profile_repeats": config.profile_repeats,
+                    "quantile": config.quantile,
+                    "epsilon": config.epsilon,
+                    "delta": config.delta,
+                    "seed": config.seed,
+                    "rows": {"train": len(data.train), "val": len(data.val),
+                             "test": len(data.test)},
+                    "learner": repr(evaluator.learner),
+                    "expanded_accuracies": {
+                        model_id_for(evaluator.features(m)): a
+                        for m, a in sorted(evaluator.accuracy.items())
+                    },
+                },
+                libraries=_libraries(),
+                host={"platform": platform.platform(), "machine": platform.machine()},
+            ),
+        )
+        write_manifest(tmp, manifest)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildResult(manifest, out_dir, evaluator, polydom, data, export_errors)
+
+
+def _export_candidates(
+    folder: Path,
+    evaluator: LatticeEvaluator,
+    polydom: PolyDom,
+    data: FeatureData,
+    classes: list[str],
+) -> tuple[list[ModelSpec], dict[str, float]]:
+    """Export every candidate (and the prior) to ONNX, verified on held-out rows; also
+    write ``verification.json`` (held-out feature rows + expected probabilities)."""
+    probe = data.test[:8]
+    verification: dict[str, Any] = {
+        "rows": {n: data.blocks[n][probe].tolist() for n in data.names},
+        "expected": {},
+    }
+    models: list[ModelSpec] = []
+    errors: dict[str, float] = {}
+    masks = list(dict.fromkeys([0, *polydom.candidates_]))
+    y_train = data.labels[data.train]
+    for mask in masks:
+        feats = evaluator.features(mask)
+        model_id = model_id_for(feats)
+        acc = evaluator(mask)
+        if not feats:
+            prior = np.bincount(y_train, minlength=len(classes)).astype(np.float64)
+            prior /= prior.sum()
+            models.append(ModelSpec(id=model_id, features=[], accuracy=acc,
+                                    prior=[float(p) for p in prior], input_dims=0))
+            continue
+        fitted = evaluator.fitted[mask]
+        if [str(c) for c in fitted.classes_] != classes:
+            raise RuntimeError(f"model {model_id!r} saw classes {fitted.classes_}, need {classes}")
+        dims = sum(data.blocks[f].shape[1] for f in feats)
+        onnx_bytes = export_classifier(fitted, dims)
+        held_out = data.matrix(feats, data.test)
+        errors[model_id] = verify_export(onnx_bytes, fitted, held_out, model_id=model_id)
+        file = f"{model_id.replace('+', '__')}.onnx"
+        (folder / file).write_bytes(onnx_bytes)
+        verification["expected"][model_id] = fitted.predict_proba(
+            data.matrix(feats, probe)
+        ).tolist()
+        models.append(ModelSpec(id=model_id, features=feats, accuracy=acc, file=file,
+                                input_dims=dims))
+    (folder / VERIFICATION_FILE).write_text(json.dumps(verification))
+    return models, errors

@@ -1,0 +1,118 @@
+"""``budgetserve-train``: profile extractor costs, build a bundle, evaluate it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, help="Train and inspect budget-aware bundles.")
+console = Console()
+
+
+def _sides(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 8:
+        raise typer.BadParameter(f"sides must be integers >= 8, got {text!r}")
+    return values
+
+
+@app.command()
+def profile(
+    sides: Annotated[str, typer.Option(help="image sides to time")] = "16,32,64,128,256",
+    repeats: Annotated[int, typer.Option(min=3)] = 15,
+    quantile: Annotated[float, typer.Option(min=0.5, max=1.0)] = 0.95,
+) -> None:
+    """Time every built-in extractor and print the fitted cost polynomials."""
+    from training.build import make_extractors, profile_costs
+
+    costs = profile_costs(make_extractors(), _sides(sides), repeats, quantile, progress=True)
+    table = Table("extractor", "c(n) coefficients [ms]", "fit error", title="cost model")
+    for name, cost in costs.items():
+        table.add_row(name, ", ".join(f"{c:.3g}" for c in cost.coefficients),
+                      f"{cost.fit_error:.3f}" if cost.fit_error is not None else "-")
+    console.print(table)
+
+
+@app.command()
+def build(
+    out: Annotated[Path, typer.Option(help="bundle folder to write")] = Path("models/digits"),
+    force: Annotated[bool, typer.Option(help="rebuild even if the bundle exists")] = False,
+    epsilon: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
+    delta: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
+    train_sides: Annotated[str, typer.Option()] = "16,24,32,48,64",
+    profile_sides: Annotated[str, typer.Option()] = "16,32,64,96,128,192,256",
+    repeats: Annotated[int, typer.Option(min=3)] = 15,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Build the embedded digits bundle (Poly-Dom) from scikit-learn's digits."""
+    from training.build import BuildConfig, build_bundle
+
+    if (out / "manifest.json").exists() and not force:
+        console.print(f"{out} exists; pass --force to rebuild")
+        raise typer.Exit(0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = BuildConfig(
+        name=out.name, epsilon=epsilon, delta=delta, train_sides=_sides(train_sides),
+        profile_sides=_sides(profile_sides), profile_repeats=repeats, seed=seed,
+    )
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                label = {"extract": "extracting features", "expand": "expanding lattice"}
+                tasks[stage] = bar.add_task(label.get(stage, stage), total=total)
+            bar.update(tasks[stage], completed=done)
+
+        result = build_bundle(out, config, progress=report, profile_progress=True)
+    stats = result.manifest.strategy.stats
+    console.print(
+        f"[bold]{result.manifest.name}[/] {result.manifest.version} written to {out}: "
+        f"{int(stats.get('expansions', 0))} expansions of {2 ** len(config.extractors)} sets, "
+        f"{len(result.manifest.strategy.candidates)} candidates, "
+        f"max ONNX deviation {max(result.export_errors.values(), default=0.0):.2e}"
+    )
+
+
+@app.command()
+def evaluate(
+    bundle: Annotated[Path, typer.Option(help="bundle folder")] = Path("models/digits"),
+    sides: Annotated[str, typer.Option()] = "16,64,128,256",
+    budgets: Annotated[str, typer.Option(help="budgets in ms")] = "0.5,2,5,20,100",
+    count: Annotated[int, typer.Option(min=10)] = 200,
+) -> None:
+    """Accuracy, spent cost and overrun rate at (size, budget) points, on held-out digits."""
+    from training.evaluate import evaluate_bundle, load
+
+    loaded = load(bundle)
+    try:
+        budget_values = [float(b) for b in budgets.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"budgets: expected numbers, got {budgets!r}") from None
+    table = Table("side", "n", "budget ms", "accuracy", "expected", "mean spent", "p95 spent",
+                  "overruns", title=f"{loaded.name} on {count} held-out digits")
+    for p in evaluate_bundle(loaded, _sides(sides), budget_values, count=count):
+        table.add_row(str(p.side), str(p.side * p.side), f"{p.budget:g}", f"{p.accuracy:.3f}",
+                      f"{p.expected_accuracy:.3f}", f"{p.mean_spent:.2f}", f"{p.p95_spent:.2f}",
+                      f"{p.overrun_rate:.1%}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()

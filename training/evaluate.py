@@ -1,0 +1,83 @@
+"""Evaluate a bundle the way the service runs it: for held-out digits rendered at a given
+side, plan with the bundle's strategy, extract with real timings, infer with ONNX."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.execution import execute
+from service.items import DecodedItem
+from service.registry import Bundle, load_bundle
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    side: int
+    budget: float
+    accuracy: float
+    expected_accuracy: float
+    mean_spent: float
+    p95_spent: float
+    overrun_rate: float
+    n: int
+
+
+def held_out_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``count`` digits of the build's test split (never trained or validated on)."""
+    from sklearn.datasets import load_digits
+
+    from training.build import split_rows
+
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    _, _, test = split_rows(len(order))
+    chosen = order[test][:count]
+    return np.asarray(digits.images[chosen], dtype=np.float64), digits.target[chosen]
+
+
+def evaluate_bundle(
+    bundle: Bundle,
+    sides: Sequence[int],
+    budgets: Sequence[float],
+    *,
+    count: int = 200,
+    seed: int = 0,
+) -> Iterable[EvalPoint]:
+    from training.digits import render_digit
+
+    images8, labels = held_out_digits(count, seed)
+    classes = bundle.manifest.classes
+    for side in sides:
+        rng = np.random.default_rng(1000 + side)
+        items = [
+            DecodedItem(data=render_digit(img, side, rng), size=side * side, key=f"eval:{i}")
+            for i, img in enumerate(images8)
+        ]
+        for budget in budgets:
+            correct, spent, overruns, expected = 0, [], 0, []
+            for item, label in zip(items, labels, strict=True):
+                start = time.perf_counter()
+                run = execute(bundle, item, budget, {}, start)
+                spent.append((time.perf_counter() - start) * 1000.0)
+                correct += int(classes[int(np.argmax(run.probabilities))] == str(label))
+                overruns += int(spent[-1] > budget)
+                expected.append(bundle.manifest.model(run.answer).accuracy)
+            yield EvalPoint(
+                side=side,
+                budget=budget,
+                accuracy=correct / len(items),
+                expected_accuracy=float(np.mean(expected)),
+                mean_spent=float(np.mean(spent)),
+                p95_spent=float(np.percentile(spent, 95)),
+                overrun_rate=overruns / len(items),
+                n=len(items),
+            )
+
+
+def load(path: Path) -> Bundle:
+    return load_bundle(path, max_pixels=1 << 24)
