@@ -4,7 +4,7 @@ The steps, each usable on its own:
 
 1. :func:`profile_costs` — time every extractor at several sizes, fit c_f(n) (p95).
 2. :func:`digits_features` — render digits at mixed sizes and extract every feature once.
-3. :class:`LatticeEvaluator` — the black box a(F): fit the learner on F, score held-out rows.
+3. :class:`LatticeEvaluator` — the black box a(F): cross-validated accuracy of the learner on F.
 4. :func:`build_bundle` — Poly-Dom over the lattice, ONNX export of the candidates (checked
    against the fitted models), index and manifest written to ``models/<name>/``.
 """
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sklearn.base import clone
+from sklearn.model_selection import StratifiedKFold, cross_val_score
 
 from service.bundle import (
     CostPolynomial,
@@ -57,14 +58,13 @@ def _noop(stage: str, done: int, total: int) -> None:
 
 @dataclass
 class FeatureData:
-    """Every extractor's output for every row, with labels and a train/val/test split."""
+    """Every extractor's output for every row, with labels and a train / test split."""
 
     names: list[str]
     blocks: dict[str, FloatMatrix]
     labels: npt.NDArray[np.int64]
     sides: npt.NDArray[np.int64]
     train: npt.NDArray[np.int64]
-    val: npt.NDArray[np.int64]
     test: npt.NDArray[np.int64]
     fingerprint: str
 
@@ -92,13 +92,11 @@ def profile_costs(
     return costs
 
 
-def split_rows(
-    n: int,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Row positions of the 60 / 20 / 20 train / validation / test split (after shuffling)."""
+def split_rows(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Row positions of the 80 / 20 train / test split (rows are already shuffled)."""
     idx = np.arange(n, dtype=np.int64)
-    n_train, n_val = int(0.6 * n), int(0.2 * n)
-    return idx[:n_train], idx[n_train : n_train + n_val], idx[n_train + n_val :]
+    n_train = int(0.8 * n)
+    return idx[:n_train], idx[n_train:]
 
 
 def digits_features(
@@ -129,7 +127,7 @@ def digits_features(
         for e in extractors:
             blocks[e.name][i] = e.extract(image)
         progress("extract", i + 1, len(labels))
-    train, val, test = split_rows(len(labels))
+    train, test = split_rows(len(labels))
     h = hashlib.sha256(digits.images.astype(np.float64).tobytes())
     h.update(json.dumps({"sides": list(map(int, sides)), "seed": seed, "limit": limit}).encode())
     return FeatureData(
@@ -138,7 +136,6 @@ def digits_features(
         labels=labels,
         sides=chosen,
         train=train,
-        val=val,
         test=test,
         fingerprint="sha256:" + h.hexdigest(),
     )
@@ -146,16 +143,20 @@ def digits_features(
 
 @dataclass
 class LatticeEvaluator:
-    """a(F): fit a fresh learner on F's columns (train rows), accuracy on validation rows.
+    """a(F): the learner's k-fold cross-validated accuracy on F's columns (train rows).
 
-    Memoised by feature-set mask; ``calls`` counts distinct expansions (Metric 1).
+    Memoised by feature-set mask; ``calls`` counts distinct expansions (Metric 1). The
+    model exported for F is fitted on all train rows, lazily (:meth:`fitted_model`), so
+    only the sets that end up in the bundle pay for a final fit.
     """
 
     data: FeatureData
     learner: Any = field(default_factory=default_learner)
+    folds: int = 5
+    seed: int = 0
     progress: Progress = _noop
-    fitted: dict[int, Any] = field(default_factory=dict)
     accuracy: dict[int, float] = field(default_factory=dict)
+    _fitted: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def features(self, mask: int) -> list[str]:
         return [n for i, n in enumerate(self.data.names) if mask >> i & 1]
@@ -168,19 +169,29 @@ class LatticeEvaluator:
         if mask in self.accuracy:
             return self.accuracy[mask]
         d = self.data
-        y_train, y_val = d.labels[d.train], d.labels[d.val]
+        y = d.labels[d.train]
         feats = self.features(mask)
+        cv = StratifiedKFold(self.folds, shuffle=True, random_state=self.seed)
         if not feats:
-            classes, counts = np.unique(y_train, return_counts=True)
-            acc = float(np.mean(y_val == classes[np.argmax(counts)]))
-            self.fitted[mask] = None
+            hits = 0
+            for fit_rows, score_rows in cv.split(np.zeros(len(y)), y):
+                classes, counts = np.unique(y[fit_rows], return_counts=True)
+                hits += int(np.sum(y[score_rows] == classes[np.argmax(counts)]))
+            acc = hits / len(y)
         else:
-            model = clone(self.learner).fit(d.matrix(feats, d.train), y_train)
-            acc = float(np.mean(model.predict(d.matrix(feats, d.val)) == y_val))
-            self.fitted[mask] = model
+            x = d.matrix(feats, d.train)
+            acc = float(np.mean(cross_val_score(clone(self.learner), x, y, cv=cv)))
         self.accuracy[mask] = acc
         self.progress("expand", len(self.accuracy), 1 << len(d.names))
         return acc
+
+    def fitted_model(self, mask: int) -> Any:
+        """The learner fitted on F's columns of every train row (cached)."""
+        if mask not in self._fitted:
+            d = self.data
+            x = d.matrix(self.features(mask), d.train)
+            self._fitted[mask] = clone(self.learner).fit(x, d.labels[d.train])
+        return self._fitted[mask]
 
 
 def _cost_matrix(costs: dict[str, CostPolynomial], names: Sequence[str]) -> npt.NDArray[np.float64]:
@@ -208,7 +219,7 @@ class BuildConfig:
     profile_sides: tuple[int, ...] = (16, 32, 64, 96, 128, 192, 256)
     profile_repeats: int = 15
     quantile: float = 0.95
-    epsilon: float = 0.01
+    epsilon: float = 0.02
     delta: float = 0.01
     seed: int = 0
     limit: int | None = None
@@ -251,7 +262,7 @@ def build_bundle(
         data = digits_features(
             extractors, config.train_sides, seed=config.seed, limit=config.limit, progress=progress
         )
-    evaluator = LatticeEvaluator(data, progress=progress)
+    evaluator = LatticeEvaluator(data, seed=config.seed, progress=progress)
     polydom = PolyDom(epsilon=config.epsilon, delta=config.delta)
     polydom.fit(evaluator, _cost_matrix(costs, names), config.size_domain)
 
@@ -299,8 +310,8 @@ def build_bundle(
                     "epsilon": config.epsilon,
                     "delta": config.delta,
                     "seed": config.seed,
-                    "rows": {"train": len(data.train), "val": len(data.val),
-                             "test": len(data.test)},
+                    "rows": {"train": len(data.train), "test": len(data.test)},
+                    "accuracy_estimate": f"{evaluator.folds}-fold cross-validation on train",
                     "learner": repr(evaluator.learner),
                     "expanded_accuracies": {
                         model_id_for(evaluator.features(m)): a
@@ -337,6 +348,7 @@ def _export_candidates(
     }
     models: list[ModelSpec] = []
     errors: dict[str, float] = {}
+    test_accuracy: dict[str, float] = {}
     masks = list(dict.fromkeys([0, *polydom.candidates_]))
     y_train = data.labels[data.train]
     for mask in masks:
@@ -349,13 +361,16 @@ def _export_candidates(
             models.append(ModelSpec(id=model_id, features=[], accuracy=acc,
                                     prior=[float(p) for p in prior], input_dims=0))
             continue
-        fitted = evaluator.fitted[mask]
+        fitted = evaluator.fitted_model(mask)
         if [str(c) for c in fitted.classes_] != classes:
             raise RuntimeError(f"model {model_id!r} saw classes {fitted.classes_}, need {classes}")
         dims = sum(data.blocks[f].shape[1] for f in feats)
         onnx_bytes = export_classifier(fitted, dims)
         held_out = data.matrix(feats, data.test)
         errors[model_id] = verify_export(onnx_bytes, fitted, held_out, model_id=model_id)
+        test_accuracy[model_id] = float(
+            np.mean(fitted.predict(held_out) == data.labels[data.test])
+        )
         file = f"{model_id.replace('+', '__')}.onnx"
         (folder / file).write_bytes(onnx_bytes)
         verification["expected"][model_id] = fitted.predict_proba(
@@ -363,5 +378,6 @@ def _export_candidates(
         ).tolist()
         models.append(ModelSpec(id=model_id, features=feats, accuracy=acc, file=file,
                                 input_dims=dims))
+    verification["test_accuracy"] = test_accuracy
     (folder / VERIFICATION_FILE).write_text(json.dumps(verification))
     return models, errors

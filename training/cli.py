@@ -52,8 +52,8 @@ def profile(
 def build(
     out: Annotated[Path, typer.Option(help="bundle folder to write")] = Path("models/digits"),
     force: Annotated[bool, typer.Option(help="rebuild even if the bundle exists")] = False,
-    epsilon: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
-    delta: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.01,
+    epsilon: Annotated[float, typer.Option(min=0.0, max=1.0, help="accuracy slack")] = 0.02,
+    delta: Annotated[float, typer.Option(min=0.0, max=1.0, help="monotonicity slack")] = 0.01,
     train_sides: Annotated[str, typer.Option()] = "16,24,32,48,64",
     profile_sides: Annotated[str, typer.Option()] = "16,32,64,96,128,192,256",
     repeats: Annotated[int, typer.Option(min=3)] = 15,

@@ -35,7 +35,7 @@ def held_out_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
-    _, _, test = split_rows(len(order))
+    _, test = split_rows(len(order))
     chosen = order[test][:count]
     return np.asarray(digits.images[chosen], dtype=np.float64), digits.target[chosen]
 

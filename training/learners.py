@@ -9,11 +9,13 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 
-def default_learner(*, C: float = 0.5, max_iter: int = 500, seed: int = 0) -> Any:
+def default_learner(
+    *, C: float = 0.5, max_iter: int = 500, tol: float = 1e-3, seed: int = 0
+) -> Any:
     """Standardise, then multinomial logistic regression: fast to fit, exact in ONNX."""
     return Pipeline(
         [
             ("scale", StandardScaler()),
-            ("clf", LogisticRegression(C=C, max_iter=max_iter, random_state=seed)),
+            ("clf", LogisticRegression(C=C, max_iter=max_iter, tol=tol, random_state=seed)),
         ]
     )
