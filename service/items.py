@@ -10,7 +10,6 @@ import base64
 import binascii
 import hashlib
 import io
-import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,24 +68,23 @@ class ImageDecoder:
         except (binascii.Error, ValueError):
             raise InvalidItem("item.png_base64 is not valid base64") from None
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                img = Image.open(io.BytesIO(raw))
-                width, height = img.size  # header only: nothing decoded yet
-                if width * height > self.max_pixels:
-                    raise ItemTooLarge(
-                        f"image is {width}x{height} = {width * height} pixels; the limit is "
-                        f"{self.max_pixels}: downscale it",
-                        pixels=width * height,
-                        limit=self.max_pixels,
-                    )
-                if img.format != "PNG":
-                    raise InvalidItem(f"item.png_base64 holds a {img.format} image, not a PNG")
-                pixels = np.asarray(img.convert("L"), dtype=np.uint8)
+            img = Image.open(io.BytesIO(raw))
+            width, height = img.size  # header only: nothing decoded yet
+            if img.format != "PNG":
+                raise InvalidItem(f"item.png_base64 holds a {img.format} image, not a PNG")
+            # Checked before decoding, so PIL's own (larger) decompression-bomb limit is moot.
+            if width * height > self.max_pixels:
+                raise ItemTooLarge(
+                    f"image is {width}x{height} = {width * height} pixels; the limit is "
+                    f"{self.max_pixels}: downscale it",
+                    pixels=width * height,
+                    limit=self.max_pixels,
+                )
+            pixels = np.asarray(img if img.mode == "L" else img.convert("L"), dtype=np.uint8)
         except (ItemTooLarge, InvalidItem):
             raise
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError,
-                Image.DecompressionBombError, Image.DecompressionBombWarning):
+                Image.DecompressionBombError):
             raise InvalidItem("item.png_base64 does not decode to a PNG image") from None
         if pixels.ndim != 2 or pixels.size == 0:
             raise InvalidItem("item.png_base64 decodes to an empty image")

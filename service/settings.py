@@ -30,7 +30,10 @@ class Settings(BaseSettings):
     cache_ttl_s: int = Field(default=3600, ge=1, description="expiry of features stored in Redis")
     max_body_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_pixels: int = Field(
-        default=4096 * 4096, ge=1, description="largest image accepted (also capped by the bundle)"
+        default=4096 * 4096,
+        ge=1,
+        le=1 << 26,
+        description="largest image accepted (also capped by the bundle)",
     )
     overhead_reserve_ms: float = Field(
         default=0.5,

@@ -114,5 +114,28 @@ def evaluate(
     console.print(table)
 
 
+@app.command()
+def sample(
+    side: Annotated[int, typer.Option(min=8, max=2048, help="image side in pixels")] = 64,
+    index: Annotated[int, typer.Option(min=0, max=1796, help="which scikit-learn digit")] = 0,
+    budget: Annotated[float, typer.Option(min=0.0, help="budget in ms")] = 5.0,
+    model: Annotated[str, typer.Option()] = "digits",
+    item_id: Annotated[str | None, typer.Option("--id", help="cache identity")] = None,
+) -> None:
+    """Print a POST /predict body for one rendered digit (for curl and the README tour)."""
+    import base64
+    import json
+
+    from training.digits import digits_source, render_digit, to_png
+
+    images, labels = digits_source()
+    png = to_png(render_digit(images[index], side))
+    item: dict[str, str] = {"png_base64": base64.b64encode(png).decode()}
+    if item_id is not None:
+        item["id"] = item_id
+    typer.echo(json.dumps({"model": model, "item": item, "budget": budget}))
+    typer.echo(f"digit {index} is a {labels[index]}, rendered at {side}x{side}", err=True)
+
+
 if __name__ == "__main__":
     app()
