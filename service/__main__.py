@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 
 import uvicorn
 
@@ -14,6 +16,10 @@ def main() -> None:
     settings = Settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if settings.workers > 1:
+        # Workers share their metrics through files (prometheus-client multiprocess mode);
+        # the variable must be set before the workers import prometheus_client.
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="budgetserve-prom-")
         uvicorn.run(
             "service.api:create_app", factory=True, host=settings.host, port=settings.port,
             workers=settings.workers, timeout_graceful_shutdown=30,

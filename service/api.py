@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import BackgroundTasks, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,7 +19,7 @@ from service.cache import FeatureCache, make_cache
 from service.handler import PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
 from service.registry import Registry, load_registry
-from service.schemas import CostReport, ErrorResponse, PredictRequest, PredictResponse
+from service.schemas import ErrorResponse, PredictRequest, PredictResponse
 from service.settings import Settings
 
 log = logging.getLogger("budgetserve.api")
@@ -32,7 +32,11 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.PayloadTooLarge: 413,
     errors.ModelNotFound: 404,
     errors.ModelNotReady: 503,
+    errors.ServiceNotReady: 503,
+    errors.ExtractionFailed: 422,
 }
+
+PREDICT_PATH = "/predict"
 
 
 def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:
@@ -45,9 +49,10 @@ def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse
 class BodyLimit:
     """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
         self.app = app
         self.limit = limit
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,6 +93,8 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         exc = errors.PayloadTooLarge(self.limit)
+        if scope.get("path") == PREDICT_PATH:
+            self.metrics.requests.labels(model=UNKNOWN_MODEL, status=exc.code).inc()
         response = _error(413, exc.code, exc.message, **exc.details)
         await response(scope, receive, send)
 
@@ -104,17 +111,25 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reg = registry or load_registry(settings.models_dir, settings.max_pixels)
-        feature_cache = cache or make_cache(
+        reg = (
+            registry
+            if registry is not None
+            else load_registry(settings.models_dir, settings.max_pixels)
+        )
+        feature_cache = cache if cache is not None else make_cache(
             settings.redis_url,
             max_bytes=settings.cache_max_bytes,
             ttl_s=settings.cache_ttl_s,
             timeout_ms=settings.redis_timeout_ms,
+            retry_s=settings.redis_retry_s,
         )
         metrics.models_loaded.set(len(reg.bundles))
         state["registry"] = reg
         state["cache"] = feature_cache
-        state["handler"] = PredictHandler(reg, feature_cache, metrics, settings.overhead_reserve_ms)
+        state["handler"] = PredictHandler(
+            reg, feature_cache, metrics, settings.overhead_reserve_ms,
+            threads=settings.extraction_threads,
+        )
         state["ready"] = bool(reg.bundles)
         try:
             yield
@@ -126,15 +141,27 @@ def create_app(
     app.state.metrics = metrics
     app.state.core = state
 
+    def _count(request: Request, status: str) -> None:
+        if request.url.path == PREDICT_PATH:
+            label = getattr(request.state, "model_label", UNKNOWN_MODEL)
+            metrics.requests.labels(model=label, status=status).inc()
+
     @app.exception_handler(errors.BudgetServeError)
     async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
+        _count(request, exc.code)
         status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
         return _error(status, exc.code, exc.message, **exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        _count(request, "invalid_request")
         problems = []
         for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+                offset = err.get("loc", ("body", None))[-1]
+                message = f"request body is not valid JSON: {reason} (at character {offset})"
+                return _error(422, "invalid_request", message)
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append({"field": loc or "body", "message": err.get("msg", "invalid")})
         summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
@@ -142,61 +169,45 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and request.method == "POST":
+            # FastAPI's "error parsing the body": not UTF-8, or JSON it cannot represent.
+            _count(request, "invalid_request")
+            return _error(422, "invalid_request",
+                          "request body is not valid UTF-8 JSON that this API can read")
+        _count(request, "http_error")
         return _error(exc.status_code, "http_error", str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        _count(request, "internal_error")
         log.exception("unexpected error on %s", request.url.path)
         return _error(500, "internal_error", f"internal error: {type(exc).__name__}")
 
     def _registry() -> Registry:
         reg: Registry | None = state.get("registry")
         if reg is None:
-            raise errors.ModelNotReady("*", "the service is still starting")
+            raise errors.ServiceNotReady()
         return reg
 
     @app.post(
-        "/predict",
+        PREDICT_PATH,
         response_model=PredictResponse,
         responses={404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                   422: {"model": ErrorResponse}},
+                   422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )
-    async def predict(body: PredictRequest, background: BackgroundTasks) -> PredictResponse:
+    async def predict(
+        body: PredictRequest, request: Request, background: BackgroundTasks
+    ) -> PredictResponse:
         handler: PredictHandler | None = state.get("handler")
         if handler is None:
-            raise errors.ModelNotReady(body.model, "the service is still starting")
+            raise errors.ServiceNotReady()
         label = body.model if body.model in _registry().bundles else UNKNOWN_MODEL
+        request.state.model_label = label
         with metrics.request_latency.labels(model=label).time():
-            try:
-                outcome, writes = await handler.predict(
-                    body.model, body.item, body.size, body.budget
-                )
-            except errors.BudgetServeError as exc:
-                metrics.requests.labels(model=label, status=exc.code).inc()
-                raise
+            response, writes = await handler.predict(body.model, body.item, body.size, body.budget)
         metrics.requests.labels(model=label, status="ok").inc()
         background.add_task(handler.write_back, writes)
-        return PredictResponse(
-            model=outcome.model,
-            prediction=outcome.prediction,
-            probabilities=outcome.probabilities,
-            features=outcome.features,
-            expected_accuracy=outcome.expected_accuracy,
-            strategy=outcome.strategy,
-            model_version=outcome.model_version,
-            answered_by=outcome.answered_by,
-            deadline_exceeded=outcome.deadline_exceeded,
-            cost=CostReport(
-                unit=outcome.unit,
-                budget=outcome.budget,
-                planned=outcome.planned,
-                spent=outcome.spent,
-                extraction=outcome.extraction,
-                inference=outcome.inference,
-                cached=outcome.cached,
-                extracted=outcome.extracted,
-            ),
-        )
+        return response
 
     @app.get("/models")
     async def list_models() -> dict[str, Any]:
@@ -252,9 +263,9 @@ def create_app(
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
     return app
 
 

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.types import horner
+
 FORMAT_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
 
@@ -50,10 +52,7 @@ class CostPolynomial(_Strict):
         return value
 
     def __call__(self, n: float) -> float:
-        total = 0.0
-        for c in reversed(self.coefficients):
-            total = total * n + c
-        return total
+        return float(horner(self.coefficients, n))
 
 
 class ExtractorSpec(_Strict):
@@ -126,6 +125,7 @@ class ItemSpec(_Strict):
 
     kind: Literal["image"] = "image"
     max_pixels: int = Field(default=1 << 22, ge=1)
+    min_side: int = Field(default=8, ge=1, description="smallest width or height accepted")
     size_unit: str = "pixels"
 
 

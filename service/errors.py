@@ -40,6 +40,23 @@ class SizeMismatch(BudgetServeError):
         )
 
 
+class ExtractionFailed(BudgetServeError):
+    code = "extraction_failed"
+
+    def __init__(self, extractor: str, reason: str) -> None:
+        super().__init__(
+            f"extractor {extractor!r} could not process this item: {reason}",
+            extractor=extractor,
+        )
+
+
+class ServiceNotReady(BudgetServeError):
+    code = "not_ready"
+
+    def __init__(self) -> None:
+        super().__init__("the service is still starting; retry shortly")
+
+
 class PayloadTooLarge(BudgetServeError):
     code = "payload_too_large"
 

@@ -9,13 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.errors import ExtractionFailed
 from service.items import DecodedItem
 from service.registry import Bundle
-from service.strategies.base import Acquire, Answer, FloatVector, Observation, Step
-
-
-class ExtractorFailed(RuntimeError):
-    """An extractor returned something other than its declared finite float32 vector."""
+from service.strategies.base import Acquire, Answer, Observation, Step
+from service.types import FloatVector
 
 
 @dataclass
@@ -23,15 +21,22 @@ class Execution:
     answer: str
     probabilities: FloatVector
     planned: float
-    deadline_exceeded: bool
+    stopped_early: bool
     extracted: dict[str, FloatVector]
     extraction_ms: dict[str, float]
     inference_ms: float
     spent_ms: float
 
+    def over_budget(self, budget: float) -> bool:
+        return self.spent_ms > budget
+
 
 def _noop(name: str, seconds: float) -> None:
     return None
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
 
 
 def execute(
@@ -45,21 +50,28 @@ def execute(
     on_extraction: Callable[[str, float], None] = _noop,
     on_inference: Callable[[str, float], None] = _noop,
 ) -> Execution:
-    """Run one request's plan. ``start`` is the ``perf_counter()`` the budget counts from;
-    features are planned within ``budget - reserve_ms``; once the measured time passes
-    ``budget`` the session's fallback answers (``deadline_exceeded``)."""
+    """Run one request's plan.
+
+    ``start`` is the ``perf_counter()`` the budget counts from (work already done, such as
+    the cache read, lies between it and now). Features are planned within what is left of
+    ``budget - reserve_ms``; once the measured time passes ``budget`` the session's fallback
+    answers from the features in hand (``stopped_early``).
+    """
     features: dict[str, FloatVector] = dict(in_hand)
     extracted: dict[str, FloatVector] = {}
     extraction_ms: dict[str, float] = {}
     plan_budget = max(budget - reserve_ms, 0.0)
-    session = bundle.runtime.begin(item.size, plan_budget, frozenset(features))
-    deadline_exceeded = False
+    runtime = bundle.runtime
+    session = runtime.begin(
+        item.size, max(plan_budget - _ms_since(start), 0.0), frozenset(features)
+    )
+    stopped_early = False
     step: Step
     while True:
-        spent = (time.perf_counter() - start) * 1000.0
+        spent = _ms_since(start)
         obs = Observation(size=item.size, budget=plan_budget, spent=spent, features=features)
         if spent > budget:
-            deadline_exceeded = True
+            stopped_early = True
             step = session.fallback(obs)
             break
         step = session.step(obs)
@@ -67,12 +79,16 @@ def execute(
             break
         extractor = bundle.extractors[step.feature]
         t0 = time.perf_counter()
-        vector = np.ascontiguousarray(extractor.extract(item.data), dtype=np.float32)
+        try:
+            vector = np.ascontiguousarray(extractor.extract(item.data), dtype=np.float32)
+        except (ValueError, TypeError, ArithmeticError, IndexError) as exc:
+            raise ExtractionFailed(step.feature, str(exc)) from exc
         elapsed = time.perf_counter() - t0
         if vector.shape != (extractor.dims,) or not np.all(np.isfinite(vector)):
-            raise ExtractorFailed(
-                f"extractor {step.feature!r} returned shape {vector.shape} (or non-finite "
-                f"values); expected ({extractor.dims},) finite float32"
+            raise ExtractionFailed(
+                step.feature,
+                f"returned shape {vector.shape} or non-finite values; expected "
+                f"({extractor.dims},) finite float32",
             )
         on_extraction(step.feature, elapsed)
         extraction_ms[step.feature] = elapsed * 1000.0
@@ -80,17 +96,16 @@ def execute(
         extracted[step.feature] = vector
     assert isinstance(step, Answer)
     t0 = time.perf_counter()
-    probabilities = bundle.models[step.model].predict_proba(features)
+    probabilities = runtime.predict(step, features)
     finished = time.perf_counter()
-    inference = finished - t0
-    on_inference(bundle.name, inference)
+    on_inference(bundle.name, finished - t0)
     return Execution(
         answer=step.model,
         probabilities=probabilities,
         planned=session.planned,
-        deadline_exceeded=deadline_exceeded,
+        stopped_early=stopped_early,
         extracted=extracted,
         extraction_ms=extraction_ms,
-        inference_ms=inference * 1000.0,
+        inference_ms=(finished - t0) * 1000.0,
         spent_ms=(finished - start) * 1000.0,
     )

@@ -4,124 +4,93 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import anyio.to_thread
 import numpy as np
 
-from service.cache import CacheUnavailable, FeatureCache, feature_key
+from service.cache import CacheBypassed, CacheUnavailable, FeatureCache, feature_key
 from service.errors import InvalidRequest, SizeMismatch
 from service.execution import Execution, execute
 from service.items import DecodedItem
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
-from service.strategies.base import FloatVector
+from service.schemas import CostReport, PredictResponse
+from service.types import FloatVector
 
 log = logging.getLogger("budgetserve.handler")
 
-
-@dataclass
-class Outcome:
-    """Everything a prediction reports; the API turns it into the response body."""
-
-    model: str
-    prediction: str
-    probabilities: dict[str, float]
-    features: list[str]
-    expected_accuracy: float
-    strategy: str
-    model_version: str
-    answered_by: str
-    deadline_exceeded: bool
-    unit: str
-    budget: float
-    planned: float
-    spent: float
-    extraction: float
-    inference: float
-    cached: list[str]
-    extracted: list[str]
-    extraction_by_feature: dict[str, float] = field(default_factory=dict)
-
-
-def _ms(seconds: float) -> float:
-    return seconds * 1000.0
+# A Redis read may use at most this share of the request's budget.
+CACHE_READ_SHARE = 0.2
 
 
 class PredictHandler:
+    """Answers predictions. CPU-bound work (decoding large items, extraction, inference)
+    runs in worker threads, at most ``threads`` requests at once; a request's wait for a
+    thread is reported as ``cost.queued`` and not charged to its budget."""
+
     def __init__(
-        self, registry: Registry, cache: FeatureCache, metrics: Metrics, reserve_ms: float
+        self,
+        registry: Registry,
+        cache: FeatureCache,
+        metrics: Metrics,
+        reserve_ms: float,
+        threads: int = 0,
     ) -> None:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
         self.reserve_ms = reserve_ms
+        self.limiter = anyio.CapacityLimiter(threads or os.cpu_count() or 1)
 
     async def predict(
         self, model: str, item: Any, size: int | None, budget: float
-    ) -> tuple[Outcome, dict[str, bytes]]:
+    ) -> tuple[PredictResponse, dict[str, bytes]]:
         """Answer one request; also returns the features to write back to the cache."""
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
         bundle = self.registry.get(model)
-        decoded = bundle.decoder.decode(item)
+        if bundle.decoder.heavy(item):
+            decoded = await anyio.to_thread.run_sync(
+                bundle.decoder.decode, item, limiter=self.limiter
+            )
+        else:
+            decoded = bundle.decoder.decode(item)
         if size is not None and size != decoded.size:
             raise SizeMismatch(size, decoded.size)
 
-        # Budget accounting counts work, not waiting: the cache read, then the plan /
-        # extract / infer loop timed inside the worker thread from the moment it starts
-        # (the thread hand-off latency shows in request latency, not in ``spent``).
+        # ``spent`` counts work, not waiting: the cache read, then the plan / extract /
+        # infer loop timed inside the worker thread from the moment it starts.
         read_start = time.perf_counter()
-        in_hand = await self._read_cache(bundle, decoded)
+        in_hand = await self._read_cache(bundle, decoded, budget)
         cache_s = time.perf_counter() - read_start
-        cached_names = sorted(in_hand)
 
-        def work() -> Execution:
-            return execute(
-                bundle, decoded, budget, in_hand, time.perf_counter() - cache_s,
+        def work() -> tuple[float, Execution]:
+            started = time.perf_counter()
+            return started, execute(
+                bundle,
+                decoded,
+                budget,
+                in_hand,
+                started - cache_s,
                 reserve_ms=self.reserve_ms,
                 on_extraction=self._observe_extraction,
                 on_inference=self._observe_inference,
             )
 
-        run = await anyio.to_thread.run_sync(work)
-        spent = run.spent_ms
-
-        manifest = bundle.manifest
-        labels = manifest.classes
-        probs = run.probabilities
-        top = int(np.argmax(probs))
-        answer_spec = manifest.model(run.answer)
-        extraction = sum(run.extraction_ms.values())
-        outcome = Outcome(
-            model=manifest.name,
-            prediction=labels[top],
-            probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
-            features=list(answer_spec.features),
-            expected_accuracy=answer_spec.accuracy,
-            strategy=manifest.strategy.kind,
-            model_version=manifest.version,
-            answered_by=run.answer,
-            deadline_exceeded=run.deadline_exceeded,
-            unit=manifest.cost_unit,
-            budget=float(budget),
-            planned=run.planned,
-            spent=spent,
-            extraction=extraction,
-            inference=run.inference_ms,
-            cached=cached_names,
-            extracted=list(run.extracted),
-            extraction_by_feature=run.extraction_ms,
-        )
-        self._observe(outcome)
+        queued_at = time.perf_counter()
+        started, run = await anyio.to_thread.run_sync(work, limiter=self.limiter)
+        response = self._response(bundle, budget, run, sorted(in_hand), started - queued_at)
+        self._observe(response)
         writes = {
-            feature_key(decoded.key, name, bundle.extractors[name].version): vec.tobytes()
+            feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
             for name, vec in run.extracted.items()
         }
-        return outcome, writes
+        return response, writes
 
     async def write_back(self, writes: Mapping[str, bytes]) -> None:
         """Store freshly computed features; a failing cache is counted, never raised."""
@@ -129,15 +98,22 @@ class PredictHandler:
             return
         try:
             await self.cache.put_many(writes)
+        except CacheBypassed:
+            self.metrics.cache.labels(result="bypass").inc()
         except CacheUnavailable as exc:
             self.metrics.cache.labels(result="write_error").inc()
             log.warning("feature cache write failed: %s", exc)
 
-    async def _read_cache(self, bundle: Bundle, item: DecodedItem) -> dict[str, FloatVector]:
+    async def _read_cache(
+        self, bundle: Bundle, item: DecodedItem, budget: float
+    ) -> dict[str, FloatVector]:
         names = list(bundle.extractors)
-        keys = [feature_key(item.key, n, bundle.extractors[n].version) for n in names]
+        keys = [feature_key(item.key, bundle.tags[n]) for n in names]
         try:
-            values = await self.cache.get_many(keys)
+            values = await self.cache.get_many(keys, timeout_s=CACHE_READ_SHARE * budget / 1e3)
+        except CacheBypassed:
+            self.metrics.cache.labels(result="bypass").inc()
+            return {}
         except CacheUnavailable as exc:
             self.metrics.cache.labels(result="error").inc()
             log.warning("feature cache read failed, going on uncached: %s", exc)
@@ -152,15 +128,47 @@ class PredictHandler:
         self.metrics.cache.labels(result="miss").inc(len(names) - hits)
         return found
 
+    @staticmethod
+    def _response(
+        bundle: Bundle, budget: float, run: Execution, cached: list[str], queued_s: float
+    ) -> PredictResponse:
+        manifest = bundle.manifest
+        labels = manifest.classes
+        probs = run.probabilities
+        answer = manifest.model(run.answer)
+        return PredictResponse(
+            model=manifest.name,
+            prediction=labels[int(np.argmax(probs))],
+            probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
+            features=list(answer.features),
+            expected_accuracy=answer.accuracy,
+            strategy=manifest.strategy.kind,
+            model_version=manifest.version,
+            answered_by=run.answer,
+            deadline_exceeded=run.over_budget(budget),
+            cost=CostReport(
+                unit=manifest.cost_unit,
+                budget=float(budget),
+                planned=run.planned,
+                spent=run.spent_ms,
+                extraction=sum(run.extraction_ms.values()),
+                inference=run.inference_ms,
+                queued=queued_s * 1000.0,
+                cached=cached,
+                extracted=list(run.extracted),
+            ),
+        )
+
     def _observe_extraction(self, name: str, seconds: float) -> None:
         self.metrics.extraction.labels(extractor=name).observe(seconds)
 
     def _observe_inference(self, bundle: str, seconds: float) -> None:
         self.metrics.inference.labels(model=bundle).observe(seconds)
 
-    def _observe(self, outcome: Outcome) -> None:
+    def _observe(self, response: PredictResponse) -> None:
         m = self.metrics
-        m.spent.labels(model=outcome.model).observe(outcome.spent)
-        m.utilisation.labels(model=outcome.model).observe(outcome.spent / outcome.budget)
-        if outcome.deadline_exceeded:
-            m.budget_exceeded.labels(model=outcome.model).inc()
+        m.spent.labels(model=response.model).observe(response.cost.spent)
+        utilisation = response.cost.spent / response.cost.budget
+        m.utilisation.labels(model=response.model).observe(utilisation)
+        if response.deadline_exceeded:
+            m.budget_exceeded.labels(model=response.model).inc()

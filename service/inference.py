@@ -6,13 +6,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import onnxruntime as ort
 
 from service.bundle import Manifest, ModelSpec
 from service.errors import BundleError
-
-FloatVector = npt.NDArray[np.float32]
+from service.types import FloatVector
 
 
 class LoadedModel:

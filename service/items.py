@@ -31,6 +31,10 @@ class DecodedItem:
 class ItemDecoder(Protocol):
     def decode(self, item: Any) -> DecodedItem: ...
 
+    def heavy(self, item: Any) -> bool:
+        """Whether decoding ``item`` is worth a worker thread (off the event loop)."""
+        ...
+
 
 class ImageItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -48,10 +52,21 @@ def _describe(exc: ValidationError) -> str:
 
 
 class ImageDecoder:
-    """``{"id": optional str, "png_base64": str}`` → 2-D float32 array in [0, 1]; n = w*h."""
+    """``{"id": optional str, "png_base64": str}`` → 2-D float32 array in [0, 1]; n = w*h.
+
+    The cache key is the client's ``id`` (with the image's dimensions) when given: the id
+    must identify the picture's content. Without an id it is a hash of the pixels.
+    """
+
+    HEAVY_BASE64_CHARS = 64 * 1024
 
     def __init__(self, spec: ItemSpec, max_pixels: int) -> None:
         self.max_pixels = min(spec.max_pixels, max_pixels)
+        self.min_side = spec.min_side
+
+    def heavy(self, item: Any) -> bool:
+        data = item.get("png_base64") if isinstance(item, dict) else None
+        return isinstance(data, str) and len(data) > self.HEAVY_BASE64_CHARS
 
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
@@ -73,6 +88,14 @@ class ImageDecoder:
             if img.format != "PNG":
                 raise InvalidItem(f"item.png_base64 holds a {img.format} image, not a PNG")
             # Checked before decoding, so PIL's own (larger) decompression-bomb limit is moot.
+            if min(width, height) < self.min_side:
+                raise InvalidItem(
+                    f"image is {width}x{height}; both sides must be at least {self.min_side} "
+                    "pixels: upscale it",
+                    width=width,
+                    height=height,
+                    min_side=self.min_side,
+                )
             if width * height > self.max_pixels:
                 raise ItemTooLarge(
                     f"image is {width}x{height} = {width * height} pixels; the limit is "
@@ -90,7 +113,9 @@ class ImageDecoder:
             raise InvalidItem("item.png_base64 decodes to an empty image")
         data = pixels.astype(np.float32) / np.float32(255.0)
         if parsed.id is not None:
-            key = "id:" + parsed.id
+            # The client's identity for the content; the size guards against reusing an id
+            # for the same picture at another resolution.
+            key = f"id:{parsed.id}:{pixels.shape[1]}x{pixels.shape[0]}"
         else:
             digest = hashlib.blake2b(pixels.tobytes(), digest_size=16)
             digest.update(np.asarray(pixels.shape, dtype=np.int64).tobytes())

@@ -3,7 +3,16 @@ bundle names and extractor names come from loaded bundles only, never from raw r
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 _LATENCY_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _COST = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
@@ -52,6 +61,16 @@ class Metrics:
         )
         self.models_loaded = Gauge(
             "budgetserve_models_loaded", "Bundles loaded and ready", registry=r,
+            multiprocess_mode="max",
         )
-        for result in ("hit", "miss", "error", "write_error"):
+        for result in ("hit", "miss", "error", "write_error", "bypass"):
             self.cache.labels(result=result)
+
+    def exposition(self) -> bytes:
+        """The text exposition: this process's metrics, or, when several workers run with
+        ``PROMETHEUS_MULTIPROC_DIR`` set, every worker's aggregated."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)

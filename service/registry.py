@@ -11,10 +11,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from pydantic import ValidationError
 
 import service.strategies  # noqa: F401  (registers the built-in strategy runtimes)
 from service.bundle import MANIFEST_FILE, Manifest, read_manifest
+from service.cache import extractor_tag
 from service.errors import BundleError, ModelNotFound, ModelNotReady
 from service.extractors.base import Extractor, available_extractors, create_extractor
 from service.inference import LoadedModel, load_models
@@ -33,6 +35,7 @@ class Bundle:
     models: dict[str, LoadedModel]
     runtime: StrategyRuntime
     decoder: ItemDecoder
+    tags: dict[str, str]
 
 
 @dataclass
@@ -63,9 +66,15 @@ def load_bundle(path: Path, max_pixels: int) -> Bundle:
         raise BundleError(f"{path / MANIFEST_FILE} is not a valid manifest: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise BundleError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
-    installed = available_extractors()
+    broken: dict[str, str] = {}
+    installed = available_extractors(broken)
     extractors: dict[str, Extractor] = {}
     for spec in manifest.extractors:
+        if spec.name in broken and spec.name not in installed:
+            raise BundleError(
+                f"bundle {manifest.name!r}: extractor {spec.name!r} failed to import: "
+                f"{broken[spec.name]}"
+            )
         try:
             extractor = create_extractor(spec.name, spec.version, spec.params, installed)
         except LookupError as exc:
@@ -77,8 +86,9 @@ def load_bundle(path: Path, max_pixels: int) -> Bundle:
             )
         extractors[spec.name] = extractor
     models = load_models(manifest, path)
+    _warm_up(manifest, extractors, models)
     try:
-        runtime = strategy_for(manifest.strategy.kind)(manifest)
+        runtime = strategy_for(manifest.strategy.kind)(manifest, models)
     except LookupError as exc:
         raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
     return Bundle(
@@ -89,7 +99,30 @@ def load_bundle(path: Path, max_pixels: int) -> Bundle:
         models=models,
         runtime=runtime,
         decoder=make_decoder(manifest.item, max_pixels),
+        tags={e.name: extractor_tag(e.name, e.version, e.params) for e in manifest.extractors},
     )
+
+
+def _warm_up(
+    manifest: Manifest, extractors: dict[str, Extractor], models: dict[str, LoadedModel]
+) -> None:
+    """Run every extractor and model once, so first requests don't pay one-off costs
+    (lazy imports, allocator growth, ONNX Runtime's first-run initialisation) against
+    their budgets."""
+    if manifest.item.kind != "image":  # pragma: no cover - the only kind so far
+        return
+    blank = np.zeros((32, 32), dtype=np.float32)
+    features = {}
+    for name, extractor in extractors.items():
+        try:
+            features[name] = np.asarray(extractor.extract(blank), dtype=np.float32)
+        except Exception as exc:  # a plugin that cannot handle a blank image
+            raise BundleError(
+                f"bundle {manifest.name!r}: extractor {name!r} failed its warm-up on a blank "
+                f"32x32 image: {exc}"
+            ) from exc
+    for model in models.values():
+        model.predict_proba(features)
 
 
 def load_registry(models_dir: Path, max_pixels: int) -> Registry:
@@ -100,6 +133,10 @@ def load_registry(models_dir: Path, max_pixels: int) -> Registry:
         except BundleError as exc:
             log.error("bundle %s not loaded: %s", path.name, exc)
             registry.failed[path.name] = str(exc)
+            continue
+        except Exception as exc:  # a bundle must never take the others down with it
+            log.exception("bundle %s not loaded", path.name)
+            registry.failed[path.name] = f"{type(exc).__name__}: {exc}"
             continue
         if bundle.name in registry.bundles:
             registry.failed[path.name] = f"duplicate bundle name {bundle.name!r}"

@@ -13,9 +13,14 @@ class PredictRequest(BaseModel):
     model: str = Field(min_length=1, max_length=128, description="bundle name")
     item: Any = Field(description="the item, in the bundle's item format")
     size: int | None = Field(
-        default=None, gt=0, description="item size n; measured from the item when absent"
+        default=None,
+        gt=0,
+        strict=True,
+        description="item size n; measured from the item when absent",
     )
-    budget: float = Field(gt=0, allow_inf_nan=False, description="in the bundle's cost unit")
+    budget: float = Field(
+        gt=0, allow_inf_nan=False, strict=True, description="in the bundle's cost unit"
+    )
 
 
 class CostReport(BaseModel):
@@ -25,6 +30,9 @@ class CostReport(BaseModel):
     spent: float = Field(description="measured wall time of the work done for this request")
     extraction: float = Field(description="time spent in extractors")
     inference: float = Field(description="time spent in model inference")
+    queued: float = Field(
+        description="time waiting for a worker thread (not charged to the budget)"
+    )
     cached: list[str] = Field(description="features served from the cache")
     extracted: list[str] = Field(description="features computed for this request, in order")
 
@@ -38,7 +46,9 @@ class PredictResponse(BaseModel):
     strategy: str
     model_version: str
     answered_by: str = Field(description="id of the model that answered")
-    deadline_exceeded: bool
+    deadline_exceeded: bool = Field(
+        description="the measured cost passed the budget (extraction stopped as soon as it did)"
+    )
     cost: CostReport
 
 

@@ -22,7 +22,13 @@ class Settings(BaseSettings):
         "otherwise an in-process LRU",
     )
     redis_timeout_ms: float = Field(
-        default=50.0, gt=0, description="socket timeout of Redis calls; a slow Redis counts as down"
+        default=25.0,
+        gt=0,
+        description="longest wait for Redis (a read also waits at most 20 % of the request's "
+        "budget); a slower Redis counts as down",
+    )
+    redis_retry_s: float = Field(
+        default=5.0, ge=0, description="after a Redis failure, bypass it for this long"
     )
     cache_max_bytes: int = Field(
         default=64 << 20, ge=0, description="in-process feature cache capacity in bytes"
@@ -34,6 +40,12 @@ class Settings(BaseSettings):
         ge=1,
         le=1 << 26,
         description="largest image accepted (also capped by the bundle)",
+    )
+    extraction_threads: int = Field(
+        default=0,
+        ge=0,
+        description="requests extracting at once per process (0: one per CPU); others queue, "
+        "and the wait is reported as cost.queued, not charged to the budget",
     )
     overhead_reserve_ms: float = Field(
         default=0.5,

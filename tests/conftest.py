@@ -99,6 +99,9 @@ def redis_url() -> Iterator[str]:
             break
         except redis.ConnectionError:
             time.sleep(0.05)
+    else:
+        proc.terminate()
+        pytest.fail(f"redis-server on port {port} did not answer PING within 5 s")
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)

@@ -76,9 +76,10 @@ def test_small_budget_buys_fewer_features(digits: tuple[TestClient, InProcessCac
     _, rich = predict(client, model="digits", item=item, budget=500.0)
     item_b = {"png_base64": item["png_base64"], "id": "budget-compare-b"}
     _, poor = predict(client, model="digits", item=item_b, budget=0.05)
-    assert poor["cost"]["planned"] <= rich["cost"]["planned"]
-    assert poor["expected_accuracy"] <= rich["expected_accuracy"]
-    assert len(poor["cost"]["extracted"]) <= len(rich["cost"]["extracted"])
+    # 0.05 ms is below the 0.5 ms overhead reserve: nothing is affordable but the prior.
+    assert poor["features"] == [] and poor["cost"]["extracted"] == []
+    assert poor["answered_by"] == "prior"
+    assert rich["features"] and rich["expected_accuracy"] > poor["expected_accuracy"] + 0.5
 
 
 def test_second_request_is_served_from_cache(digits: tuple[TestClient, InProcessCache]) -> None:
@@ -152,6 +153,16 @@ GOOD = png_b64(np.zeros((16, 16), dtype=np.float32))
          "invalid_request", "size"),
         ({"model": "digits", "item": {"png_base64": GOOD}, "budget": 1, "extra": 1}, 422,
          "invalid_request", "extra"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": True}, 422,
+         "invalid_request", "budget"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": "5"}, 422,
+         "invalid_request", "budget"),
+        ({"model": "digits", "item": {"png_base64": GOOD}, "size": "256", "budget": 1}, 422,
+         "invalid_request", "size"),
+        ({"model": "digits", "item": {"png_base64": _big_png_b64(3)}, "budget": 50}, 422,
+         "invalid_item", "at least"),
+        ({"model": "digits", "item": {"png_base64": png_b64(np.zeros((2, 60)))}, "budget": 50},
+         422, "invalid_item", "at least"),
     ],
 )
 def test_bad_input_is_a_clear_4xx(
@@ -182,13 +193,24 @@ def test_non_finite_budget_rejected(
     assert "budget" in r.json()["error"]["message"]
 
 
-def test_malformed_json(digits: tuple[TestClient, InProcessCache]) -> None:
+@pytest.mark.parametrize(
+    "raw", [b'{"model": "digits", ', b"\xff\xfe{}", b"[" * 100_000, b'{"budget": 1e999999}']
+)
+def test_unreadable_json_is_a_422(digits: tuple[TestClient, InProcessCache], raw: bytes) -> None:
+    client, _ = digits
+    r = client.post("/predict", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["type"] == "invalid_request"
+
+
+def test_malformed_json_message_names_the_problem(
+    digits: tuple[TestClient, InProcessCache],
+) -> None:
     client, _ = digits
     r = client.post("/predict", content=b'{"model": "digits", ',
                     headers={"content-type": "application/json"})
-    assert r.status_code == 422
-    assert r.json()["error"]["type"] == "invalid_request"
-    assert "JSON" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert "not valid JSON" in message and "character" in message
 
 
 def test_oversized_body(digits: tuple[TestClient, InProcessCache]) -> None:
@@ -214,6 +236,42 @@ def test_oversized_streamed_body_without_length(
     r = client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["error"]["type"] == "payload_too_large"
+
+
+def test_deadline_flag_is_exactly_spent_over_budget(
+    digits: tuple[TestClient, InProcessCache],
+) -> None:
+    client, _ = digits
+    seen = set()
+    for i, budget in enumerate([0.6, 0.8, 1.0, 1.5, 2.0, 3.0] * 8):
+        side = (32, 128, 256)[i % 3]
+        item = {"png_base64": png_b64(digit_image(i, side)), "id": f"flag-{i}"}
+        status, body = predict(client, model="digits", item=item, budget=budget)
+        assert status == 200
+        over = body["cost"]["spent"] > body["cost"]["budget"]
+        assert body["deadline_exceeded"] is over, body["cost"]
+        seen.add(over)
+        assert body["cost"]["queued"] >= 0
+    assert False in seen
+
+
+def test_every_predict_outcome_is_counted(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+
+    def count(status: str) -> float:
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith("budgetserve_requests_total{") and f'status="{status}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = {s: count(s) for s in ("invalid_request", "payload_too_large", "model_not_found")}
+    client.post("/predict", json={"model": "digits", "item": {"png_base64": GOOD}, "budget": 0})
+    client.post("/predict", content=b"{", headers={"content-type": "application/json"})
+    client.post("/predict", content=b"x" * 600_000, headers={"content-type": "application/json"})
+    client.post("/predict", json={"model": "nope", "item": {"png_base64": GOOD}, "budget": 1})
+    assert count("invalid_request") == before["invalid_request"] + 2
+    assert count("payload_too_large") == before["payload_too_large"] + 1
+    assert count("model_not_found") == before["model_not_found"] + 1
 
 
 def test_metrics_exposed(digits: tuple[TestClient, InProcessCache]) -> None:
@@ -262,19 +320,26 @@ def test_broken_bundle_is_reported_not_served(tmp_path: Path, tiny_bundle_dir: P
 
     good = tmp_path / "tiny"
     shutil.copytree(tiny_bundle_dir, good)
-    broken = tmp_path / "broken"
-    shutil.copytree(tiny_bundle_dir, broken)
-    manifest = json.loads((broken / "manifest.json").read_text())
-    manifest["name"] = "broken"
-    manifest["extractors"][0]["version"] = "99"
-    (broken / "manifest.json").write_text(json.dumps(manifest))
+    for name, mutate in (
+        ("broken", lambda m: m["extractors"][0].update(version="99")),
+        ("badparams", lambda m: m["extractors"][1].update(params={"bogus": 1})),
+        ("badindex", lambda m: m["strategy"]["index"].update(skylines=[["nope"]])),
+    ):
+        folder = tmp_path / name
+        shutil.copytree(tiny_bundle_dir, folder)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["name"] = name
+        mutate(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
     client, _ = make_client(tmp_path)
     with client:
         listed = client.get("/models").json()
         assert [m["name"] for m in listed["models"]] == ["tiny"]
-        [failed] = listed["failed"]
-        assert failed["name"] == "broken"
-        assert "thumbnail" in failed["error"] and "99" in failed["error"]
+        failed = {f["name"]: f["error"] for f in listed["failed"]}
+        assert set(failed) == {"broken", "badparams", "badindex"}
+        assert "thumbnail" in failed["broken"] and "99" in failed["broken"]
+        assert "histogram" in failed["badparams"] and "bogus" in failed["badparams"]
+        assert "nope" in failed["badindex"]
         r = client.post("/predict", json={"model": "broken", "item": {"png_base64": GOOD},
                                           "budget": 1})
         assert r.status_code == 503
@@ -287,3 +352,48 @@ def test_not_ready_without_bundles(tmp_path: Path) -> None:
         r = client.get("/readyz")
         assert r.status_code == 503
         assert r.json()["ready"] is False
+
+
+class FailsOnBrightImages:
+    """A real extractor plugin (registered by hand, not through entry points) that refuses
+    bright images after doing its work: a request it fails must cache nothing."""
+
+    name = "histogram"
+    version = "1"
+    item_kind = "image"
+
+    def __init__(self) -> None:
+        from service.extractors.builtin import IntensityHistogram
+
+        self._inner = IntensityHistogram()
+
+    @property
+    def dims(self) -> int:
+        return self._inner.dims
+
+    def extract(self, item: np.ndarray) -> np.ndarray:
+        vector = self._inner.extract(item)
+        if float(np.mean(item)) > 0.5:
+            raise ValueError("image too bright for this extractor")
+        return vector
+
+
+def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) -> None:
+    from service.registry import Registry, load_bundle
+
+    bundle = load_bundle(tiny_bundle_dir, max_pixels=1 << 20)
+    bundle.extractors["histogram"] = FailsOnBrightImages()  # type: ignore[assignment]
+    cache = InProcessCache(1 << 20)
+    app = create_app(Settings(models_dir=tiny_bundle_dir.parent, overhead_reserve_ms=0.0),
+                     registry=Registry(bundles={"tiny": bundle}), cache=cache)
+    bright = png_b64(np.full((32, 32), 0.9, dtype=np.float32))
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"model": "tiny", "item": {"png_base64": bright},
+                                          "budget": 1000})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["type"] == "extraction_failed"
+        assert "histogram" in r.json()["error"]["message"]
+        assert len(cache) == 0, "features computed before the failure must not be cached"
+        ok = client.post("/predict", json={"model": "tiny", "item": {"png_base64": GOOD},
+                                           "budget": 1000})
+        assert ok.status_code == 200 and len(cache) == len(ok.json()["cost"]["extracted"]) > 0

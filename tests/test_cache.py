@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,14 @@ import redis
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.cache import CacheUnavailable, InProcessCache, RedisCache, feature_key
+from service.cache import (
+    CacheBypassed,
+    CacheUnavailable,
+    InProcessCache,
+    RedisCache,
+    extractor_tag,
+    feature_key,
+)
 from service.settings import Settings
 from tests.conftest import digit_image, free_port, png_b64
 
@@ -34,16 +43,27 @@ def test_lru_skips_values_larger_than_capacity() -> None:
     assert len(cache) == 0
 
 
-def test_key_separates_versions_and_extractors() -> None:
-    keys = {feature_key("id:1", "hog", "1"), feature_key("id:1", "hog", "2"),
-            feature_key("id:1", "lbp", "1"), feature_key("id:2", "hog", "1")}
-    assert len(keys) == 4
+def test_key_separates_versions_params_and_extractors() -> None:
+    tags = [extractor_tag("hog", "1", {}), extractor_tag("hog", "2", {}),
+            extractor_tag("lbp", "1", {}), extractor_tag("hog", "1", {"cells": 3}),
+            extractor_tag("hog", "1", {"cells": 4})]
+    keys = {feature_key(item, tag) for tag in tags for item in ("id:1", "id:2")}
+    assert len(keys) == 10
+    same = extractor_tag("hog", "1", {"b": 2, "a": 1})
+    assert extractor_tag("hog", "1", {"a": 1, "b": 2}) == same
+
+
+def _command_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
 @pytest.mark.redis
 def test_redis_round_trip_one_mget_and_pipelined_write(redis_url: str) -> None:
     cache = RedisCache(redis_url, ttl_s=60, timeout_ms=500)
     vec = np.arange(5, dtype=np.float32)
+    admin = redis.Redis.from_url(redis_url)
+    admin.config_resetstat()
 
     async def run() -> list[bytes | None]:
         await cache.put_many({"t:k1": vec.tobytes(), "t:k2": b"\x00" * 4})
@@ -52,20 +72,24 @@ def test_redis_round_trip_one_mget_and_pipelined_write(redis_url: str) -> None:
         return got
 
     got = asyncio.run(run())
+    calls = _command_calls(admin)
+    assert calls.get("mget") == 1 and "get" not in calls, calls
+    assert calls.get("set") == 2, calls
     assert got[1] is None
     assert got[0] is not None and np.array_equal(np.frombuffer(got[0], np.float32), vec)
     ttl = redis.Redis.from_url(redis_url).ttl("t:k1")
     assert 0 < ttl <= 60
 
 
-def test_redis_down_raises_cache_unavailable() -> None:
+def test_redis_down_raises_cache_unavailable_then_bypasses() -> None:
     cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_ms=100)
 
     async def run() -> None:
         try:
-            with pytest.raises(CacheUnavailable):
+            with pytest.raises(CacheUnavailable) as first:
                 await cache.get_many(["k"])
-            with pytest.raises(CacheUnavailable):
+            assert not isinstance(first.value, CacheBypassed)
+            with pytest.raises(CacheBypassed):  # the circuit is open: no new attempt
                 await cache.put_many({"k": b"v"})
             assert await cache.ping() is False
         finally:
@@ -107,4 +131,57 @@ def test_service_survives_redis_down_and_counts_it(digits_bundle_dir: Path) -> N
     assert r.status_code == 200
     assert r.json()["cost"]["cached"] == []
     assert 'budgetserve_cache_requests_total{result="error"} 1.0' in metrics
-    assert 'budgetserve_cache_requests_total{result="write_error"} 1.0' in metrics
+    # the failed read opened the circuit, so the write-back skipped Redis instead of waiting
+    assert 'budgetserve_cache_requests_total{result="bypass"} 1.0' in metrics
+
+
+class SilentPeer:
+    """A real TCP listener on loopback that accepts connections and never answers: a hung
+    Redis, as a firewall black-holing replies or a stuck server looks to a client."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._stop = threading.Event()
+        self.sock.settimeout(0.1)
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+def test_hung_redis_costs_one_timeout_then_is_bypassed(digits_bundle_dir: Path) -> None:
+    peer = SilentPeer()
+    try:
+        app = create_app(Settings(models_dir=digits_bundle_dir.parent,
+                                  redis_url=f"redis://127.0.0.1:{peer.port}/0",
+                                  redis_timeout_ms=25, redis_retry_s=60))
+        item = {"png_base64": png_b64(digit_image(13, 64))}
+        with TestClient(app) as client:
+            bodies = [client.post("/predict", json={"model": "digits", "item": item,
+                                                    "budget": 20}).json() for _ in range(5)]
+            metrics = client.get("/metrics").text
+    finally:
+        peer.close()
+    # The first read waits at most 20 % of the 20 ms budget (4 ms), then the circuit opens:
+    # every request still gets a real model, not the prior, and none is over budget.
+    assert all(b["features"] for b in bodies), [b["answered_by"] for b in bodies]
+    assert not any(b["deadline_exceeded"] for b in bodies)
+    assert 'budgetserve_cache_requests_total{result="error"} 1.0' in metrics
+    assert 'budgetserve_cache_requests_total{result="bypass"}' in metrics

@@ -113,8 +113,6 @@ def test_profile_real_extractors() -> None:
     for fit in fits.values():
         assert all(c >= 0 for c in fit.coefficients)
         assert fit.profiled_sizes == [256, 4096, 16384]
-    # HOG at 128 px is clearly costlier than the constant-cost thumbnail
-    assert np.median(timings["hog"][16384]) > np.median(timings["thumbnail"][16384])
 
 
 def test_profile_with_progress_bar() -> None:

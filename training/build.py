@@ -310,6 +310,7 @@ def build_bundle(
                     "epsilon": config.epsilon,
                     "delta": config.delta,
                     "seed": config.seed,
+                    "limit": config.limit,
                     "rows": {"train": len(data.train), "test": len(data.test)},
                     "accuracy_estimate": f"{evaluator.folds}-fold cross-validation on train",
                     "learner": repr(evaluator.learner),

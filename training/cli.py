@@ -107,7 +107,15 @@ def evaluate(
         raise typer.BadParameter(f"budgets: expected numbers, got {budgets!r}") from None
     table = Table("side", "n", "budget ms", "accuracy", "expected", "mean spent", "p95 spent",
                   "overruns", title=f"{loaded.name} on {count} held-out digits")
-    for p in evaluate_bundle(loaded, _sides(sides), budget_values, count=count):
+    side_values = _sides(sides)
+    points = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("evaluating", total=len(side_values) * len(budget_values))
+        for p in evaluate_bundle(loaded, side_values, budget_values, count=count):
+            points.append(p)
+            bar.advance(task)
+    for p in points:
         table.add_row(str(p.side), str(p.side * p.side), f"{p.budget:g}", f"{p.accuracy:.3f}",
                       f"{p.expected_accuracy:.3f}", f"{p.mean_spent:.2f}", f"{p.p95_spent:.2f}",
                       f"{p.overrun_rate:.1%}")
@@ -118,7 +126,7 @@ def evaluate(
 def sample(
     side: Annotated[int, typer.Option(min=8, max=2048, help="image side in pixels")] = 64,
     index: Annotated[int, typer.Option(min=0, max=1796, help="which scikit-learn digit")] = 0,
-    budget: Annotated[float, typer.Option(min=0.0, help="budget in ms")] = 5.0,
+    budget: Annotated[float, typer.Option(min=0.001, help="budget in ms (> 0)")] = 5.0,
     model: Annotated[str, typer.Option()] = "digits",
     item_id: Annotated[str | None, typer.Option("--id", help="cache identity")] = None,
 ) -> None:

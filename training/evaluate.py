@@ -28,14 +28,19 @@ class EvalPoint:
     n: int
 
 
-def held_out_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Up to ``count`` digits of the build's test split (never trained or validated on)."""
+def held_out_digits(
+    count: int, seed: int = 0, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``count`` digits of the test split of a build made with ``seed`` and ``limit``
+    (never trained on nor used in cross-validation)."""
     from sklearn.datasets import load_digits
 
     from training.build import split_rows
 
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
+    if limit is not None:
+        order = order[:limit]
     _, test = split_rows(len(order))
     chosen = order[test][:count]
     return np.asarray(digits.images[chosen], dtype=np.float64), digits.target[chosen]
@@ -47,7 +52,6 @@ def evaluate_bundle(
     budgets: Sequence[float],
     *,
     count: int = 200,
-    seed: int = 0,
     reserve_ms: float | None = None,
 ) -> Iterable[EvalPoint]:
     """Yield one :class:`EvalPoint` per (side, budget). ``reserve_ms`` defaults to the
@@ -57,7 +61,8 @@ def evaluate_bundle(
     reserve = (
         Settings.model_fields["overhead_reserve_ms"].default if reserve_ms is None else reserve_ms
     )
-    images8, labels = held_out_digits(count, seed)
+    params = bundle.manifest.provenance.parameters
+    images8, labels = held_out_digits(count, int(params.get("seed", 0)), params.get("limit"))
     classes = bundle.manifest.classes
     for side in sides:
         rng = np.random.default_rng(1000 + side)

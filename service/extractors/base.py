@@ -13,12 +13,20 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import numpy as np
-import numpy.typing as npt
+from service.types import FloatVector
 
 ENTRY_POINT_GROUP = "budgetserve.extractors"
 
-FloatVector = npt.NDArray[np.float32]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Extractor",
+    "ExtractorBroken",
+    "ExtractorNotInstalled",
+    "ExtractorVersionMismatch",
+    "FloatVector",
+    "available_extractors",
+    "create_extractor",
+]
 
 
 @runtime_checkable
@@ -61,12 +69,29 @@ class ExtractorVersionMismatch(LookupError):
         )
 
 
-def available_extractors() -> dict[str, type[Extractor]]:
-    """Every extractor class registered in the entry-point group, by entry-point name."""
+class ExtractorBroken(LookupError):
+    """The plugin is registered but cannot be imported or instantiated."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        super().__init__(f"extractor {name!r} is installed but unusable: {reason}")
+
+
+def available_extractors(
+    broken: dict[str, str] | None = None,
+) -> dict[str, type[Extractor]]:
+    """Every extractor class registered in the entry-point group, by entry-point name.
+
+    A plugin that fails to import is left out (and its error recorded in ``broken``), so one
+    bad package cannot take down bundles that do not use it.
+    """
     found: dict[str, type[Extractor]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        found[ep.name] = cls
+        try:
+            found[ep.name] = ep.load()
+        except Exception as exc:  # any import-time failure of third-party code
+            if broken is not None:
+                broken[ep.name] = f"{type(exc).__name__}: {exc}"
     return found
 
 
@@ -77,10 +102,19 @@ def create_extractor(
     registry: Mapping[str, type[Extractor]] | None = None,
 ) -> Extractor:
     """Instantiate the plugin ``name`` (checking ``version`` when given) with ``params``."""
-    registry = available_extractors() if registry is None else registry
+    broken: dict[str, str] = {}
+    registry = available_extractors(broken) if registry is None else registry
     cls = registry.get(name)
     if cls is None:
+        if name in broken:
+            raise ExtractorBroken(name, broken[name])
         raise ExtractorNotInstalled(name, sorted(registry))
     if version is not None and cls.version != version:
         raise ExtractorVersionMismatch(name, version, cls.version)
-    return cls(**dict(params or {}))
+    try:
+        return cls(**dict(params or {}))
+    except (TypeError, ValueError) as exc:
+        raise ExtractorBroken(
+            name, f"cannot be created with params {dict(params or {})}: {exc}"
+        ) from exc
+

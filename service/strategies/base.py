@@ -2,9 +2,11 @@
 
 A request is a dialogue between the handler and a :class:`Session`: the handler reports what
 is known (features in hand, item size, budget, cost spent so far) and the session answers
-with the next step, either *acquire this feature* or *answer with this model*. Static plans
+with the next step, either *acquire this feature* or *answer with this model*; the runtime
+then predicts from the features in hand (``StrategyRuntime.predict``). Static plans
 (Poly-Dom) and adaptive policies (greedy sequences, DAGs, gates, trees) fit the same loop;
-adaptive ones read the feature values in ``Observation.features``.
+adaptive ones read the feature values in ``Observation.features`` and may override
+``predict`` (a gate choosing between models, a tree mixing leaves).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.bundle import Manifest
-
-FloatVector = npt.NDArray[np.float32]
+from service.inference import LoadedModel
+from service.types import FloatVector, horner
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +80,7 @@ class CostTable:
 
     def at(self, n: float) -> dict[str, float]:
         """Every extractor's predicted cost at size ``n``."""
-        values = np.zeros(len(self.names))
-        for k in range(self.coefficients.shape[1] - 1, -1, -1):
-            values = values * n + self.coefficients[:, k]
+        values = np.asarray(horner(self.coefficients, n))
         return dict(zip(self.names, values.tolist(), strict=True))
 
     def set_coefficients(self, features: list[str] | tuple[str, ...]) -> npt.NDArray[np.float64]:
@@ -93,8 +93,9 @@ class StrategyRuntime(ABC):
 
     kind: ClassVar[str]
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, models: dict[str, LoadedModel]) -> None:
         self.manifest = manifest
+        self.models = models
         self.costs = CostTable(manifest)
         self.accuracy = {m.id: m.accuracy for m in manifest.models}
         self.model_features = {m.id: tuple(m.features) for m in manifest.models}
@@ -102,6 +103,10 @@ class StrategyRuntime(ABC):
     @abstractmethod
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         """Plan a request for an item of ``size`` with ``budget``; ``in_hand`` are free."""
+
+    def predict(self, answer: Answer, features: Mapping[str, FloatVector]) -> FloatVector:
+        """Class probabilities for ``answer`` from the features in hand."""
+        return self.models[answer.model].predict_proba(features)
 
     def best_computable(self, in_hand: frozenset[str] | set[str]) -> str:
         """The most accurate model whose features are all in hand (the prior always is)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.bundle import Manifest, PolyDomStrategy
+from service.inference import LoadedModel
 from service.strategies.base import (
     Acquire,
     Answer,
@@ -45,8 +46,8 @@ class PolyDomSession(Session):
 class PolyDomRuntime(StrategyRuntime):
     kind = "polydom"
 
-    def __init__(self, manifest: Manifest) -> None:
-        super().__init__(manifest)
+    def __init__(self, manifest: Manifest, models: dict[str, LoadedModel]) -> None:
+        super().__init__(manifest, models)
         strategy = manifest.strategy
         assert isinstance(strategy, PolyDomStrategy)
         self.candidates = list(strategy.candidates)
@@ -61,17 +62,29 @@ class PolyDomRuntime(StrategyRuntime):
             self._candidate_costs,
         )
         self._fallback_model = self.best_computable(frozenset())
+        self.size_domain = strategy.size_domain
 
-    def plan(self, size: int, budget: float, in_hand: frozenset[str]) -> tuple[str, float]:
-        """The model to answer with and its predicted cost (of the features not in hand)."""
-        if not in_hand:
+    def plan(
+        self,
+        size: int,
+        budget: float,
+        in_hand: frozenset[str],
+        per_feature: dict[str, float] | None = None,
+    ) -> tuple[str, float]:
+        """The model to answer with and its predicted cost (of the features not in hand).
+
+        The index answers when nothing is in hand and ``size`` lies in the domain it was
+        built for; otherwise (free features change every candidate's cost, and outside the
+        domain the index carries no guarantee) the candidates are scanned with their
+        predicted costs at ``size``.
+        """
+        per_feature = self.costs.at(size) if per_feature is None else per_feature
+        if not in_hand and self.size_domain[0] <= size <= self.size_domain[1]:
             pos = self.index.lookup(size, budget)
             if pos is None:
                 return self._fallback_model, 0.0
             target = self.candidates[pos]
-            cost = sum(self.costs.at(size)[f] for f in self.model_features[target])
-            return target, cost
-        per_feature = self.costs.at(size)
+            return target, sum(per_feature[f] for f in self.model_features[target])
         best, best_cost, best_acc = self._fallback_model, 0.0, -1.0
         for model_id, acc in zip(self.candidates, self._candidate_acc.tolist(), strict=True):
             cost = sum(per_feature[f] for f in self.model_features[model_id] if f not in in_hand)
@@ -80,8 +93,8 @@ class PolyDomRuntime(StrategyRuntime):
         return best, best_cost
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        target, planned = self.plan(size, budget, in_hand)
         per_feature = self.costs.at(size)
+        target, planned = self.plan(size, budget, in_hand, per_feature)
         order = sorted(
             (f for f in self.model_features[target] if f not in in_hand),
             key=lambda f: per_feature[f],

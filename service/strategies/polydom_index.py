@@ -10,17 +10,13 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from service.types import FloatArray, horner
 
 
 def poly_eval(coefficients: FloatArray, n: float) -> FloatArray | float:
-    """Evaluate power-basis polynomial(s) at ``n`` (Horner); rows are polynomials."""
-    result: FloatArray | float = 0.0
-    for k in range(coefficients.shape[-1] - 1, -1, -1):
-        result = result * n + coefficients[..., k]
-    return result
+    """Evaluate power-basis polynomial(s) at ``n``; rows of a 2-D array are polynomials."""
+    return horner(coefficients, n)
 
 
 class CompiledIndex:
@@ -31,7 +27,7 @@ class CompiledIndex:
     strictly rising. ``costs`` is a (candidates x degree+1) coefficient matrix.
     """
 
-    __slots__ = ("_breakpoints", "_costs", "_skylines")
+    __slots__ = ("_breakpoints", "_costs", "_rows", "_skylines")
 
     def __init__(
         self,
@@ -44,6 +40,7 @@ class CompiledIndex:
         self._breakpoints = [float(b) for b in breakpoints]
         self._skylines = [list(s) for s in skylines]
         self._costs = np.asarray(costs, dtype=np.float64)
+        self._rows = [[float(c) for c in row] for row in self._costs]  # scalar Horner: fast
 
     @property
     def size(self) -> int:
@@ -62,14 +59,10 @@ class CompiledIndex:
         """The most accurate candidate with cost(n) <= budget, or None if none fits."""
         skyline = self.skyline_at(n)
         lo, hi = 0, len(skyline)  # invariant: skyline[:lo] fit, skyline[hi:] do not
-        costs = self._costs
+        rows = self._rows
         while lo < hi:
             mid = (lo + hi) // 2
-            row = costs[skyline[mid]]
-            c = 0.0
-            for k in range(row.shape[0] - 1, -1, -1):
-                c = c * n + float(row[k])
-            if c <= budget:
+            if horner(rows[skyline[mid]], n) <= budget:
                 lo = mid + 1
             else:
                 hi = mid
