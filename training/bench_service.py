@@ -202,8 +202,10 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
         )
     lines += [
         "",
-        "With 4 concurrent clients, latency includes queueing behind other requests' "
-        "extraction on a 2-core machine, so its overhead column is an upper bound.",
+        "With 4 concurrent clients on 2 cores, at most one request per CPU extracts at a "
+        "time (`BUDGETSERVE_EXTRACTION_THREADS`); the others wait for a thread, which their "
+        "latency (and so the overhead column) includes but their `spent` does not "
+        "(it is reported as `cost.queued`). The load generator shares the 2 cores.",
         "",
     ]
     path = ROOT / out_path
