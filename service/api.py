@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import BackgroundTasks, FastAPI, Request
+import numpy as np
+from fastapi import BackgroundTasks, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -15,10 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import errors
+from service.bundle import GreedyStrategy, Manifest, PolyDomStrategy
 from service.cache import FeatureCache, make_cache
 from service.handler import PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
-from service.registry import Registry, load_registry
+from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import ErrorResponse, PredictRequest, PredictResponse
 from service.settings import Settings
 
@@ -31,6 +33,7 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.ItemTooLarge: 413,
     errors.PayloadTooLarge: 413,
     errors.ModelNotFound: 404,
+    errors.StrategyNotFound: 404,
     errors.ModelNotReady: 503,
     errors.ServiceNotReady: 503,
     errors.ExtractionFailed: 422,
@@ -114,7 +117,15 @@ def create_app(
         reg = (
             registry
             if registry is not None
-            else load_registry(settings.models_dir, settings.max_pixels)
+            else load_registry(
+                settings.models_dir,
+                settings.max_pixels,
+                CalibrationSettings(
+                    enabled=settings.calibration,
+                    window=settings.calibration_window,
+                    min_samples=settings.calibration_min_samples,
+                ),
+            )
         )
         feature_cache = cache if cache is not None else make_cache(
             settings.redis_url,
@@ -204,7 +215,9 @@ def create_app(
         label = body.model if body.model in _registry().bundles else UNKNOWN_MODEL
         request.state.model_label = label
         with metrics.request_latency.labels(model=label).time():
-            response, writes = await handler.predict(body.model, body.item, body.size, body.budget)
+            response, writes = await handler.predict(
+                body.model, body.item, body.size, body.budget, body.strategy
+            )
         metrics.requests.labels(model=label, status="ok").inc()
         background.add_task(handler.write_back, writes)
         return response
@@ -230,17 +243,44 @@ def create_app(
         detail["models"] = [
             {"id": s.id, "features": s.features, "accuracy": s.accuracy} for s in m.models
         ]
-        detail["strategy"] = {
-            "kind": m.strategy.kind,
-            "epsilon": m.strategy.epsilon,
-            "delta": m.strategy.delta,
-            "size_domain": m.strategy.size_domain,
-            "candidates": m.strategy.candidates,
-            "index_ranges": len(m.strategy.index.breakpoints),
-            "stats": m.strategy.stats,
-        }
+        detail["strategies"] = [_strategy_summary(s) for s in m.strategies]
         detail["provenance"] = m.provenance.model_dump()
         return detail
+
+    @app.get("/models/{name}/costs")
+    async def get_costs(name: str) -> dict[str, Any]:
+        """Profiled vs live-calibrated cost curve of every extractor."""
+        bundle = _registry().get(name)
+        lo, hi = _size_domain(bundle.manifest)
+        sizes = sorted({int(v) for v in np.geomspace(max(lo, 1.0), hi, 7)})
+        return {
+            "model": name,
+            "unit": bundle.manifest.cost_unit,
+            "calibrated": bundle.costs.calibrated,
+            **bundle.calibrator.snapshot(sizes),
+        }
+
+    @app.get("/models/{name}/skyline")
+    async def get_skyline(
+        name: str,
+        size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
+        strategy: Annotated[str | None, Query(max_length=64)] = None,
+    ) -> dict[str, Any]:
+        """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted."""
+        bundle = _registry().get(name)
+        runtime = bundle.strategy(strategy)
+        return {
+            "model": name,
+            "strategy": runtime.name,
+            "size": size,
+            "unit": bundle.manifest.cost_unit,
+            "calibrated": bundle.costs.calibrated,
+            "skyline": [
+                {"cost": cost, "accuracy": acc, "model": model,
+                 "features": list(runtime.model_features[model])}
+                for cost, acc, model in runtime.skyline(size)
+            ],
+        }
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -269,14 +309,45 @@ def create_app(
     return app
 
 
-def _summary(m: Any) -> dict[str, Any]:
+def _summary(m: Manifest) -> dict[str, Any]:
     return {
         "name": m.name,
         "version": m.version,
         "task": m.task,
         "classes": m.classes,
-        "strategy": m.strategy.kind,
+        "strategies": [s.name for s in m.strategies],
+        "default_strategy": m.default_strategy,
         "cost_unit": m.cost_unit,
         "item": m.item.model_dump(),
         "n_models": len(m.models),
     }
+
+
+def _strategy_summary(s: PolyDomStrategy | GreedyStrategy) -> dict[str, Any]:
+    if isinstance(s, PolyDomStrategy):
+        return {
+            "name": s.name,
+            "kind": s.kind,
+            "anytime": s.anytime,
+            "epsilon": s.epsilon,
+            "delta": s.delta,
+            "size_domain": s.size_domain,
+            "candidates": s.candidates,
+            "index_ranges": len(s.index.breakpoints),
+            "stats": s.stats,
+        }
+    return {
+        "name": s.name,
+        "kind": s.kind,
+        "anytime": True,
+        "reference_size": s.reference_size,
+        "sequences": [{"lambdas": q.lambdas, "features": q.features} for q in s.sequences],
+    }
+
+
+def _size_domain(m: Manifest) -> tuple[float, float]:
+    for s in m.strategies:
+        if isinstance(s, PolyDomStrategy):
+            return s.size_domain
+    sizes = [n for e in m.extractors for n in e.cost.profiled_sizes]
+    return (float(min(sizes)), float(max(sizes))) if sizes else (64.0, 65536.0)

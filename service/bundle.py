@@ -107,7 +107,13 @@ class PolyDomIndex(_Strict):
 
 
 class PolyDomStrategy(_Strict):
+    """Poly-Dom (paper 002). ``anytime``: re-plan after every extraction with the measured
+    remaining budget (upgrade when time is left, fall back when it is not) instead of
+    following the plan made at the start (the paper's static, worst-case provisioning)."""
+
     kind: Literal["polydom"] = "polydom"
+    name: str = "polydom"
+    anytime: bool = False
     epsilon: float = Field(ge=0.0)
     delta: float = Field(ge=0.0)
     size_domain: tuple[float, float]
@@ -116,8 +122,59 @@ class PolyDomStrategy(_Strict):
     stats: dict[str, float] = Field(default_factory=dict)
 
 
+class GreedySequenceSpec(_Strict):
+    """One greedy order: ``features`` in the order added; ``models[k]`` answers with the
+    first k features (``models[0]`` is the feature-less model)."""
+
+    lambdas: list[str] = Field(
+        min_length=1, description="trade-offs λ that produced it ('inf': cheapest first)"
+    )
+    features: list[str]
+    models: list[str]
+
+    @model_validator(mode="after")
+    def _prefixes(self) -> GreedySequenceSpec:
+        if len(self.models) != len(self.features) + 1:
+            raise ValueError("a greedy sequence needs one model per prefix, the empty one too")
+        return self
+
+
+class GreedyStrategy(_Strict):
+    """Greedy, Greedy-Acc, Greedy-Cost (paper 002, Alg. 4): pick a sequence by budget on the
+    skyline at ``reference_size``, then add its features while this item's budget lasts."""
+
+    kind: Literal["greedy"] = "greedy"
+    name: str = "greedy"
+    reference_size: float = Field(gt=0)
+    sequences: list[GreedySequenceSpec] = Field(min_length=1)
+    skyline: list[tuple[int, int]] = Field(
+        min_length=1, description="(sequence, prefix length), cost-sorted at reference_size"
+    )
+
+    @model_validator(mode="after")
+    def _skyline_in_range(self) -> GreedyStrategy:
+        for seq, length in self.skyline:
+            if not (0 <= seq < len(self.sequences)) or not (
+                0 <= length <= len(self.sequences[seq].features)
+            ):
+                raise ValueError(f"skyline entry ({seq}, {length}) is out of range")
+        return self
+
+    def model_ids(self) -> set[str]:
+        return {m for s in self.sequences for m in s.models}
+
+
 # New strategy kinds join this union; the discriminator is ``kind``.
-Strategy = Annotated[PolyDomStrategy, Field(discriminator="kind")]
+Strategy = Annotated[PolyDomStrategy | GreedyStrategy, Field(discriminator="kind")]
+
+
+def _referenced_models(strategy: PolyDomStrategy | GreedyStrategy) -> set[str]:
+    if isinstance(strategy, PolyDomStrategy):
+        out = set(strategy.candidates)
+        for skyline in strategy.index.skylines:
+            out.update(skyline)
+        return out
+    return strategy.model_ids()
 
 
 class ItemSpec(_Strict):
@@ -147,7 +204,8 @@ class Manifest(_Strict):
     item: ItemSpec
     extractors: list[ExtractorSpec]
     models: list[ModelSpec] = Field(min_length=1)
-    strategy: Strategy
+    strategies: list[Strategy] = Field(min_length=1)
+    default_strategy: str = Field(description="name of the strategy used when a request names none")
     provenance: Provenance
 
     @model_validator(mode="after")
@@ -168,13 +226,31 @@ class Manifest(_Strict):
             if model.prior is not None and len(model.prior) != len(self.classes):
                 raise ValueError(f"model {model.id!r}: prior has the wrong number of classes")
         known = set(ids)
-        referenced = set(self.strategy.candidates)
-        for skyline in self.strategy.index.skylines:
-            referenced.update(skyline)
-        missing = sorted(referenced - known)
-        if missing:
-            raise ValueError(f"strategy references unknown models {missing}")
+        names = [s.name for s in self.strategies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate strategy names in {names}")
+        if self.default_strategy not in names:
+            raise ValueError(f"default_strategy {self.default_strategy!r} is not one of {names}")
+        for strategy in self.strategies:
+            missing = sorted(_referenced_models(strategy) - known)
+            if missing:
+                raise ValueError(f"strategy {strategy.name!r} references unknown models {missing}")
         return self
+
+    def polydom(self) -> PolyDomStrategy:
+        """The first Poly-Dom strategy (its lattice statistics and index); KeyError if none."""
+        for s in self.strategies:
+            if isinstance(s, PolyDomStrategy):
+                return s
+        raise KeyError("polydom")
+
+    def strategy(self, name: str | None = None) -> PolyDomStrategy | GreedyStrategy:
+        """The strategy called ``name`` (the default one when None); KeyError if absent."""
+        wanted = self.default_strategy if name is None else name
+        for s in self.strategies:
+            if s.name == wanted:
+                return s
+        raise KeyError(wanted)
 
     def model(self, model_id: str) -> ModelSpec:
         for m in self.models:

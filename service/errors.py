@@ -75,6 +75,18 @@ class ModelNotFound(BudgetServeError):
         )
 
 
+class StrategyNotFound(BudgetServeError):
+    code = "strategy_not_found"
+
+    def __init__(self, model: str, strategy: str, available: list[str]) -> None:
+        super().__init__(
+            f"model {model!r} has no strategy {strategy!r}; available: {', '.join(available)}",
+            model=model,
+            strategy=strategy,
+            available=available,
+        )
+
+
 class ModelNotReady(BudgetServeError):
     code = "model_not_ready"
 

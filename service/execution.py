@@ -12,7 +12,7 @@ import numpy as np
 from service.errors import ExtractionFailed
 from service.items import DecodedItem
 from service.registry import Bundle
-from service.strategies.base import Acquire, Answer, Observation, Step
+from service.strategies.base import Acquire, Answer, Observation, Step, StrategyRuntime
 from service.types import FloatVector
 
 
@@ -47,6 +47,7 @@ def execute(
     start: float,
     *,
     reserve_ms: float = 0.0,
+    runtime: StrategyRuntime | None = None,
     on_extraction: Callable[[str, float], None] = _noop,
     on_inference: Callable[[str, float], None] = _noop,
 ) -> Execution:
@@ -55,13 +56,15 @@ def execute(
     ``start`` is the ``perf_counter()`` the budget counts from (work already done, such as
     the cache read, lies between it and now). Features are planned within what is left of
     ``budget - reserve_ms``; once the measured time passes ``budget`` the session's fallback
-    answers from the features in hand (``stopped_early``).
+    answers from the features in hand (``stopped_early``). ``runtime`` is the strategy
+    (the bundle's default when None). Every extraction's time is recorded in the bundle's
+    cost calibrator.
     """
     features: dict[str, FloatVector] = dict(in_hand)
     extracted: dict[str, FloatVector] = {}
     extraction_ms: dict[str, float] = {}
     plan_budget = max(budget - reserve_ms, 0.0)
-    runtime = bundle.runtime
+    runtime = bundle.runtime if runtime is None else runtime
     session = runtime.begin(
         item.size, max(plan_budget - _ms_since(start), 0.0), frozenset(features)
     )
@@ -91,6 +94,7 @@ def execute(
                 f"({extractor.dims},) finite float32",
             )
         on_extraction(step.feature, elapsed)
+        bundle.calibrator.record(step.feature, item.size, elapsed * 1000.0)
         extraction_ms[step.feature] = elapsed * 1000.0
         features[step.feature] = vector
         extracted[step.feature] = vector

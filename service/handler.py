@@ -48,12 +48,18 @@ class PredictHandler:
         self.limiter = anyio.CapacityLimiter(threads or os.cpu_count() or 1)
 
     async def predict(
-        self, model: str, item: Any, size: int | None, budget: float
+        self,
+        model: str,
+        item: Any,
+        size: int | None,
+        budget: float,
+        strategy: str | None = None,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
         """Answer one request; also returns the features to write back to the cache."""
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
         bundle = self.registry.get(model)
+        runtime = bundle.strategy(strategy)
         if bundle.decoder.heavy(item):
             decoded = await anyio.to_thread.run_sync(
                 bundle.decoder.decode, item, limiter=self.limiter
@@ -78,13 +84,16 @@ class PredictHandler:
                 in_hand,
                 started - cache_s,
                 reserve_ms=self.reserve_ms,
+                runtime=runtime,
                 on_extraction=self._observe_extraction,
                 on_inference=self._observe_inference,
             )
 
         queued_at = time.perf_counter()
         started, run = await anyio.to_thread.run_sync(work, limiter=self.limiter)
-        response = self._response(bundle, budget, run, sorted(in_hand), started - queued_at)
+        response = self._response(
+            bundle, runtime.name, budget, run, sorted(in_hand), started - queued_at
+        )
         self._observe(response)
         writes = {
             feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
@@ -130,7 +139,12 @@ class PredictHandler:
 
     @staticmethod
     def _response(
-        bundle: Bundle, budget: float, run: Execution, cached: list[str], queued_s: float
+        bundle: Bundle,
+        strategy: str,
+        budget: float,
+        run: Execution,
+        cached: list[str],
+        queued_s: float,
     ) -> PredictResponse:
         manifest = bundle.manifest
         labels = manifest.classes
@@ -142,7 +156,7 @@ class PredictHandler:
             probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
             features=list(answer.features),
             expected_accuracy=answer.accuracy,
-            strategy=manifest.strategy.kind,
+            strategy=strategy,
             model_version=manifest.version,
             answered_by=run.answer,
             deadline_exceeded=run.over_budget(budget),

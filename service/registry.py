@@ -17,11 +17,12 @@ from pydantic import ValidationError
 import service.strategies  # noqa: F401  (registers the built-in strategy runtimes)
 from service.bundle import MANIFEST_FILE, Manifest, read_manifest
 from service.cache import extractor_tag
-from service.errors import BundleError, ModelNotFound, ModelNotReady
+from service.calibration import CostCalibrator
+from service.errors import BundleError, ModelNotFound, ModelNotReady, StrategyNotFound
 from service.extractors.base import Extractor, available_extractors, create_extractor
 from service.inference import LoadedModel, load_models
 from service.items import ItemDecoder, make_decoder
-from service.strategies.base import StrategyRuntime, strategy_for
+from service.strategies.base import CostModel, StrategyRuntime, strategy_for
 
 log = logging.getLogger("budgetserve.registry")
 
@@ -33,9 +34,24 @@ class Bundle:
     manifest: Manifest
     extractors: dict[str, Extractor]
     models: dict[str, LoadedModel]
-    runtime: StrategyRuntime
+    runtimes: dict[str, StrategyRuntime]
+    costs: CostModel
+    calibrator: CostCalibrator
     decoder: ItemDecoder
     tags: dict[str, str]
+
+    @property
+    def runtime(self) -> StrategyRuntime:
+        """The default strategy's runtime."""
+        return self.runtimes[self.manifest.default_strategy]
+
+    def strategy(self, name: str | None) -> StrategyRuntime:
+        if name is None:
+            return self.runtime
+        runtime = self.runtimes.get(name)
+        if runtime is None:
+            raise StrategyNotFound(self.name, name, sorted(self.runtimes))
+        return runtime
 
 
 @dataclass
@@ -59,7 +75,18 @@ def find_bundles(models_dir: Path) -> list[Path]:
     return sorted(p for p in models_dir.iterdir() if (p / MANIFEST_FILE).is_file())
 
 
-def load_bundle(path: Path, max_pixels: int) -> Bundle:
+@dataclass(frozen=True)
+class CalibrationSettings:
+    enabled: bool = True
+    quantile: float = 0.95
+    window: int = 256
+    min_samples: int = 30
+
+
+def load_bundle(
+    path: Path, max_pixels: int, calibration: CalibrationSettings | None = None
+) -> Bundle:
+    calibration = calibration or CalibrationSettings()
     try:
         manifest = read_manifest(path)
     except ValidationError as exc:
@@ -87,17 +114,30 @@ def load_bundle(path: Path, max_pixels: int) -> Bundle:
         extractors[spec.name] = extractor
     models = load_models(manifest, path)
     _warm_up(manifest, extractors, models)
-    try:
-        runtime = strategy_for(manifest.strategy.kind)(manifest, models)
-    except LookupError as exc:
-        raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
+    calibrator = CostCalibrator(
+        {e.name: e.cost for e in manifest.extractors},
+        quantile=calibration.quantile,
+        window=calibration.window,
+        min_samples=calibration.min_samples,
+        enabled=calibration.enabled,
+    )
+    costs = CostModel(manifest, calibrator)
+    runtimes: dict[str, StrategyRuntime] = {}
+    for strategy in manifest.strategies:
+        try:
+            runtime = strategy_for(strategy.kind)(manifest, strategy, models, costs)
+            runtimes[strategy.name] = runtime
+        except LookupError as exc:
+            raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
     return Bundle(
         name=manifest.name,
         path=path,
         manifest=manifest,
         extractors=extractors,
         models=models,
-        runtime=runtime,
+        runtimes=runtimes,
+        costs=costs,
+        calibrator=calibrator,
         decoder=make_decoder(manifest.item, max_pixels),
         tags={e.name: extractor_tag(e.name, e.version, e.params) for e in manifest.extractors},
     )
@@ -125,11 +165,13 @@ def _warm_up(
         model.predict_proba(features)
 
 
-def load_registry(models_dir: Path, max_pixels: int) -> Registry:
+def load_registry(
+    models_dir: Path, max_pixels: int, calibration: CalibrationSettings | None = None
+) -> Registry:
     registry = Registry()
     for path in find_bundles(models_dir):
         try:
-            bundle = load_bundle(path, max_pixels)
+            bundle = load_bundle(path, max_pixels, calibration)
         except BundleError as exc:
             log.error("bundle %s not loaded: %s", path.name, exc)
             registry.failed[path.name] = str(exc)

@@ -21,6 +21,12 @@ class PredictRequest(BaseModel):
     budget: float = Field(
         gt=0, allow_inf_nan=False, strict=True, description="in the bundle's cost unit"
     )
+    strategy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="one of the bundle's strategies (GET /models/{name}); its default if absent",
+    )
 
 
 class CostReport(BaseModel):
@@ -43,7 +49,7 @@ class PredictResponse(BaseModel):
     probabilities: dict[str, float]
     features: list[str] = Field(description="features the answering model used")
     expected_accuracy: float
-    strategy: str
+    strategy: str = Field(description="name of the strategy that planned the request")
     model_version: str
     answered_by: str = Field(description="id of the model that answered")
     deadline_exceeded: bool = Field(

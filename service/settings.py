@@ -47,6 +47,17 @@ class Settings(BaseSettings):
         description="requests extracting at once per process (0: one per CPU); others queue, "
         "and the wait is reported as cost.queued, not charged to the budget",
     )
+    calibration: bool = Field(
+        default=True,
+        description="plan with cost curves corrected by this machine's measured extraction "
+        "times (per extractor and size bucket, p95 of measured/profiled ratios)",
+    )
+    calibration_window: int = Field(
+        default=256, ge=8, description="recent samples kept per extractor and size bucket"
+    )
+    calibration_min_samples: int = Field(
+        default=30, ge=1, description="samples a bucket needs before its correction is used"
+    )
     overhead_reserve_ms: float = Field(
         default=0.5,
         ge=0,

@@ -46,7 +46,10 @@ def test_health_ready_and_models(digits: tuple[TestClient, InProcessCache]) -> N
     listed = client.get("/models").json()
     assert [m["name"] for m in listed["models"]] == ["digits"]
     detail = client.get("/models/digits").json()
-    assert detail["strategy"]["kind"] == "polydom"
+    assert detail["default_strategy"] == "polydom-anytime"
+    kinds = {s["name"]: s["kind"] for s in detail["strategies"]}
+    assert kinds == {"polydom-anytime": "polydom", "polydom": "polydom", "greedy": "greedy",
+                     "greedy-acc": "greedy", "greedy-cost": "greedy"}
     assert len(detail["extractors"]) >= 6
     assert all(e["cost"]["unit"] == "ms" for e in detail["extractors"])
 
@@ -59,7 +62,7 @@ def test_predict_reports_prediction_and_cost(digits: tuple[TestClient, InProcess
     assert status == 200, body
     assert body["prediction"] in body["probabilities"]
     assert abs(sum(body["probabilities"].values()) - 1.0) < 1e-4
-    assert body["strategy"] == "polydom"
+    assert body["strategy"] == "polydom-anytime"
     assert body["deadline_exceeded"] is False
     cost = body["cost"]
     assert cost["unit"] == "ms" and cost["budget"] == 1000.0
@@ -323,7 +326,7 @@ def test_broken_bundle_is_reported_not_served(tmp_path: Path, tiny_bundle_dir: P
     for name, mutate in (
         ("broken", lambda m: m["extractors"][0].update(version="99")),
         ("badparams", lambda m: m["extractors"][1].update(params={"bogus": 1})),
-        ("badindex", lambda m: m["strategy"]["index"].update(skylines=[["nope"]])),
+        ("badindex", lambda m: m["strategies"][0]["index"].update(skylines=[["nope"]])),
     ):
         folder = tmp_path / name
         shutil.copytree(tiny_bundle_dir, folder)
@@ -397,3 +400,57 @@ def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) 
         ok = client.post("/predict", json={"model": "tiny", "item": {"png_base64": GOOD},
                                            "budget": 1000})
         assert ok.status_code == 200 and len(cache) == len(ok.json()["cost"]["extracted"]) > 0
+
+
+@pytest.mark.parametrize("strategy", ["polydom", "polydom-anytime", "greedy", "greedy-acc",
+                                      "greedy-cost"])
+def test_request_picks_a_strategy(digits: tuple[TestClient, InProcessCache], strategy: str) -> None:
+    client, _ = digits
+    item = {"png_base64": png_b64(digit_image(21, 64)), "id": f"strategy-{strategy}"}
+    status, body = predict(client, model="digits", item=item, budget=50.0, strategy=strategy)
+    assert status == 200, body
+    assert body["strategy"] == strategy
+    assert body["features"], "50 ms buys features with every strategy"
+
+
+def test_unknown_strategy_is_a_404(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    status, body = predict(client, model="digits", item={"png_base64": GOOD}, budget=5.0,
+                           strategy="nope")
+    assert status == 404
+    assert body["error"]["type"] == "strategy_not_found"
+    assert "polydom-anytime" in body["error"]["details"]["available"]
+
+
+def test_skyline_endpoint(digits: tuple[TestClient, InProcessCache]) -> None:
+    client, _ = digits
+    small = client.get("/models/digits/skyline", params={"size": 256}).json()
+    large = client.get("/models/digits/skyline", params={"size": 65536}).json()
+    for view in (small, large):
+        points = view["skyline"]
+        assert points[0]["features"] == [] and points[0]["cost"] == 0.0
+        assert [p["cost"] for p in points] == sorted(p["cost"] for p in points)
+        assert all(b["accuracy"] > a["accuracy"] for a, b in zip(points, points[1:],
+                                                                   strict=False))
+    # the same feature sets cost more on a bigger item
+    top_small, top_large = small["skyline"][-1], large["skyline"][-1]
+    assert top_small["accuracy"] == top_large["accuracy"]
+    assert top_large["cost"] > top_small["cost"]
+    greedy = client.get("/models/digits/skyline", params={"size": 4096, "strategy": "greedy"})
+    assert greedy.status_code == 200 and greedy.json()["strategy"] == "greedy"
+    for bad in ({"size": 0}, {"size": "big"}, {}):
+        r = client.get("/models/digits/skyline", params=bad)
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+    assert client.get("/models/nope/skyline", params={"size": 9}).status_code == 404
+
+
+def test_costs_endpoint_reports_profiled_and_calibrated(
+    digits: tuple[TestClient, InProcessCache],
+) -> None:
+    client, _ = digits
+    view = client.get("/models/digits/costs").json()
+    assert view["unit"] == "ms"
+    assert set(view["extractors"]) >= {"thumbnail", "hog", "gabor"}
+    hog = view["extractors"]["hog"]
+    assert set(hog) >= {"profiled", "calibrated", "samples", "buckets"}
+    assert hog["samples"] > 0, "earlier requests in this module extracted hog"

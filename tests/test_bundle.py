@@ -26,7 +26,10 @@ def test_digits_manifest_is_complete(digits_bundle_dir: Path) -> None:
     assert m.name == "digits" and m.cost_unit == "ms"
     assert len(m.extractors) >= 6
     assert all(e.cost.unit == "ms" and e.cost.fit_error is not None for e in m.extractors)
-    assert m.strategy.kind == "polydom"
+    assert {s.name for s in m.strategies} == {
+        "polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"
+    }
+    assert m.default_strategy == "polydom-anytime"
     assert any(not model.features for model in m.models), "the empty set answers any budget"
     assert m.provenance.data_fingerprint.startswith("sha256:")
     assert {"numpy", "scikit-learn", "onnxruntime"} <= set(m.provenance.libraries)
@@ -54,7 +57,7 @@ def test_onnx_models_reproduce_training_predictions(digits_bundle_dir: Path) -> 
 def test_manifest_rejects_inconsistencies(digits_bundle_dir: Path) -> None:
     raw = json.loads((digits_bundle_dir / "manifest.json").read_text())
     bad = json.loads(json.dumps(raw))
-    bad["strategy"]["candidates"].append("no-such-model")
+    bad["strategies"][0]["candidates"].append("no-such-model")
     with pytest.raises(ValidationError, match="no-such-model"):
         Manifest.model_validate(bad)
     bad = json.loads(json.dumps(raw))
@@ -62,9 +65,22 @@ def test_manifest_rejects_inconsistencies(digits_bundle_dir: Path) -> None:
     with pytest.raises(ValidationError, match="cost coefficients"):
         Manifest.model_validate(bad)
     bad = json.loads(json.dumps(raw))
-    first = bad["strategy"]["index"]["skylines"][0]
-    bad["strategy"]["index"] = {"breakpoints": [2.0, 1.0], "skylines": [first, first]}
+    first = bad["strategies"][0]["index"]["skylines"][0]
+    bad["strategies"][0]["index"] = {"breakpoints": [2.0, 1.0], "skylines": [first, first]}
     with pytest.raises(ValidationError, match="strictly increasing"):
+        Manifest.model_validate(bad)
+    bad = json.loads(json.dumps(raw))
+    bad["default_strategy"] = "nope"
+    with pytest.raises(ValidationError, match="default_strategy"):
+        Manifest.model_validate(bad)
+    bad = json.loads(json.dumps(raw))
+    bad["strategies"][1]["name"] = bad["strategies"][0]["name"]
+    with pytest.raises(ValidationError, match="duplicate strategy names"):
+        Manifest.model_validate(bad)
+    bad = json.loads(json.dumps(raw))
+    greedy = next(s for s in bad["strategies"] if s["kind"] == "greedy")
+    greedy["skyline"].append([99, 0])
+    with pytest.raises(ValidationError, match="out of range"):
         Manifest.model_validate(bad)
     bad = json.loads(json.dumps(raw))
     bad["format_version"] = 2

@@ -39,7 +39,7 @@ def lattice(digits_bundle_dir: Path) -> tuple[LatticeEvaluator, np.ndarray, tupl
     costs = np.zeros((m, width))
     for i, e in enumerate(manifest.extractors):
         costs[i, : len(e.cost.coefficients)] = e.cost.coefficients
-    return evaluator, costs, manifest.strategy.size_domain
+    return evaluator, costs, manifest.polydom().size_domain
 
 
 @pytest.mark.slow
@@ -91,9 +91,9 @@ def test_shipped_digits_index_is_within_epsilon_of_its_expanded_sets(
     manifest = bundle.manifest
     expanded: dict[str, float] = manifest.provenance.parameters["expanded_accuracies"]
     costs = {e.name: e.cost for e in manifest.extractors}
-    lo, hi = manifest.strategy.size_domain
-    epsilon = manifest.strategy.epsilon
-    runtime = bundle.runtime
+    lo, hi = manifest.polydom().size_domain
+    epsilon = manifest.polydom().epsilon
+    runtime = bundle.runtimes["polydom"]
     rng = np.random.default_rng(11)
     for _ in range(1000):
         n = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))

@@ -19,7 +19,7 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
 
     bundle = load(ROOT / "models" / "digits")
     m = bundle.manifest
-    stats = m.strategy.stats
+    stats = m.polydom().stats
     m_features = len(m.extractors)
     lines = [
         "# Digits bundle: what each (size, budget) buys",
@@ -34,10 +34,10 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
         f"- Poly-Dom expansions: {int(stats.get('expansions', 0))} "
         f"(Naive-Expand-All: {2 ** m_features}); closure expansions: "
         f"{int(stats.get('closure_expansions', 0))}",
-        f"- candidates: {len(m.strategy.candidates)}; index: "
-        f"{len(m.strategy.index.breakpoints)} size ranges, "
-        f"{sum(len(s) for s in m.strategy.index.skylines)} skyline entries",
-        f"- ε = {m.strategy.epsilon}, δ = {m.strategy.delta}",
+        f"- candidates: {len(m.polydom().candidates)}; index: "
+        f"{len(m.polydom().index.breakpoints)} size ranges, "
+        f"{sum(len(s) for s in m.polydom().index.skylines)} skyline entries",
+        f"- ε = {m.polydom().epsilon}, δ = {m.polydom().delta}",
         "",
         "## Cost model (p95 fit, ms)",
         "",

@@ -31,6 +31,8 @@ from sklearn.model_selection import StratifiedKFold, cross_val_score
 from service.bundle import (
     CostPolynomial,
     ExtractorSpec,
+    GreedySequenceSpec,
+    GreedyStrategy,
     ItemSpec,
     Manifest,
     ModelSpec,
@@ -42,6 +44,8 @@ from service.bundle import (
 )
 from service.extractors.base import Extractor, create_extractor
 from training.export import export_classifier, verify_export
+from training.greedy import VARIANTS as GREEDY_VARIANTS
+from training.greedy import GreedySequences
 from training.learners import default_learner
 from training.polydom import PolyDom
 
@@ -263,17 +267,51 @@ def build_bundle(
             extractors, config.train_sides, seed=config.seed, limit=config.limit, progress=progress
         )
     evaluator = LatticeEvaluator(data, seed=config.seed, progress=progress)
+    cost_matrix = _cost_matrix(costs, names)
     polydom = PolyDom(epsilon=config.epsilon, delta=config.delta)
-    polydom.fit(evaluator, _cost_matrix(costs, names), config.size_domain)
+    polydom.fit(evaluator, cost_matrix, config.size_domain)
+    polydom_expanded = dict(polydom.expanded_)
+    greedy_fits = {
+        variant: factory().fit(evaluator, cost_matrix, config.size_domain)
+        for variant, factory in GREEDY_VARIANTS.items()
+    }
+    # Models for every subset of a candidate (anytime Poly-Dom answers with the best prefix
+    # in hand) and every greedy prefix; evaluating the extra subsets is not a Poly-Dom
+    # expansion (its statistics above are unaffected).
+    export = {0, *polydom.candidates_}
+    for candidate in polydom.candidates_:
+        export.update(_subsets(candidate))
+    for fit in greedy_fits.values():
+        for sequence in fit.sequences_:
+            export.update(sequence.prefix_masks)
+    export_masks = sorted(export, key=lambda m: (m.bit_count(), m))
 
     classes = [str(c) for c in np.unique(data.labels)]
     tmp = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=out_dir.parent))
     try:
-        models, export_errors = _export_candidates(tmp, evaluator, polydom, data, classes)
+        models, export_errors = _export_models(tmp, evaluator, export_masks, data, classes)
         candidate_ids = [model_id_for(evaluator.features(m)) for m in polydom.candidates_]
         skylines = [
             [candidate_ids[pos] for pos in skyline] for skyline in polydom.index_.skylines
         ]
+        static = PolyDomStrategy(
+            name="polydom",
+            anytime=False,
+            epsilon=config.epsilon,
+            delta=config.delta,
+            size_domain=config.size_domain,
+            candidates=candidate_ids,
+            index=PolyDomIndex(
+                breakpoints=[float(b) for b in polydom.index_.breakpoints], skylines=skylines
+            ),
+            stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
+        )
+        strategies: list[PolyDomStrategy | GreedyStrategy] = [
+            static.model_copy(update={"name": "polydom-anytime", "anytime": True}),
+            static,
+        ]
+        for variant, fit in greedy_fits.items():
+            strategies.append(_greedy_spec(variant, fit, evaluator))
         digest = hashlib.sha256()
         for path in sorted(tmp.glob("*.onnx")):
             digest.update(path.read_bytes())
@@ -289,16 +327,8 @@ def build_bundle(
                 for e in extractors
             ],
             models=models,
-            strategy=PolyDomStrategy(
-                epsilon=config.epsilon,
-                delta=config.delta,
-                size_domain=config.size_domain,
-                candidates=candidate_ids,
-                index=PolyDomIndex(
-                    breakpoints=[float(b) for b in polydom.index_.breakpoints], skylines=skylines
-                ),
-                stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
-            ),
+            strategies=strategies,
+            default_strategy="polydom-anytime",
             provenance=Provenance(
                 created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 data_fingerprint=data.fingerprint,
@@ -316,7 +346,10 @@ def build_bundle(
                     "learner": repr(evaluator.learner),
                     "expanded_accuracies": {
                         model_id_for(evaluator.features(m)): a
-                        for m, a in sorted(evaluator.accuracy.items())
+                        for m, a in sorted(polydom_expanded.items())
+                    },
+                    "greedy": {
+                        variant: fit.stats_.as_dict() for variant, fit in greedy_fits.items()
                     },
                 },
                 libraries=_libraries(),
@@ -333,15 +366,41 @@ def build_bundle(
     return BuildResult(manifest, out_dir, evaluator, polydom, data, export_errors)
 
 
-def _export_candidates(
+def _subsets(mask: int) -> list[int]:
+    out, sub = [], mask
+    while True:
+        out.append(sub)
+        if sub == 0:
+            return out
+        sub = (sub - 1) & mask
+
+
+def _greedy_spec(variant: str, fit: GreedySequences, evaluator: LatticeEvaluator) -> GreedyStrategy:
+    return GreedyStrategy(
+        name=variant,
+        reference_size=fit.reference_size_,
+        sequences=[
+            GreedySequenceSpec(
+                lambdas=[f"{lam:.4g}" for lam in s.lambdas],
+                features=[evaluator.data.names[i] for i in s.order],
+                models=[model_id_for(evaluator.features(m)) for m in s.prefix_masks],
+            )
+            for s in fit.sequences_
+        ],
+        skyline=[(int(seq), int(length)) for seq, length in fit.skyline_],
+    )
+
+
+def _export_models(
     folder: Path,
     evaluator: LatticeEvaluator,
-    polydom: PolyDom,
+    masks: list[int],
     data: FeatureData,
     classes: list[str],
 ) -> tuple[list[ModelSpec], dict[str, float]]:
-    """Export every candidate (and the prior) to ONNX, verified on held-out rows; also
-    write ``verification.json`` (held-out feature rows + expected probabilities)."""
+    """Export the model of every feature set in ``masks`` (0: the prior) to ONNX, verified
+    on held-out rows; also write ``verification.json`` (held-out feature rows + expected
+    probabilities)."""
     probe = data.test[:8]
     verification: dict[str, Any] = {
         "rows": {n: data.blocks[n][probe].tolist() for n in data.names},
@@ -350,7 +409,6 @@ def _export_candidates(
     models: list[ModelSpec] = []
     errors: dict[str, float] = {}
     test_accuracy: dict[str, float] = {}
-    masks = list(dict.fromkeys([0, *polydom.candidates_]))
     y_train = data.labels[data.train]
     for mask in masks:
         feats = evaluator.features(mask)

@@ -81,11 +81,11 @@ def build(
             bar.update(tasks[stage], completed=done)
 
         result = build_bundle(out, config, progress=report, profile_progress=True)
-    stats = result.manifest.strategy.stats
+    stats = result.manifest.polydom().stats
     console.print(
         f"[bold]{result.manifest.name}[/] {result.manifest.version} written to {out}: "
         f"{int(stats.get('expansions', 0))} expansions of {2 ** len(config.extractors)} sets, "
-        f"{len(result.manifest.strategy.candidates)} candidates, "
+        f"{len(result.manifest.polydom().candidates)} candidates, "
         f"max ONNX deviation {max(result.export_errors.values(), default=0.0):.2e}"
     )
 

@@ -1,5 +1,6 @@
 """Strategy runtimes; importing this package registers the built-in kinds."""
 
+from service.strategies import greedy as greedy
 from service.strategies import polydom as polydom
 
-__all__ = ["polydom"]
+__all__ = ["greedy", "polydom"]

@@ -4,17 +4,17 @@ A request is a dialogue between the handler and a :class:`Session`: the handler 
 is known (features in hand, item size, budget, cost spent so far) and the session answers
 with the next step, either *acquire this feature* or *answer with this model*; the runtime
 then predicts from the features in hand (``StrategyRuntime.predict``). Static plans
-(Poly-Dom) and adaptive policies (greedy sequences, DAGs, gates, trees) fit the same loop;
-adaptive ones read the feature values in ``Observation.features`` and may override
-``predict`` (a gate choosing between models, a tree mixing leaves).
+(Poly-Dom) and adaptive policies (anytime Poly-Dom, greedy sequences, DAGs, gates, trees)
+fit the same loop; adaptive ones read ``Observation.spent`` (and feature values) after every
+step, and may override ``predict`` (a gate choosing between models, a tree mixing leaves).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,9 @@ Step = Acquire | Answer
 
 @dataclass(frozen=True, slots=True)
 class Observation:
+    """What is known at a step. ``budget`` is what may be planned (the request's budget less
+    the overhead reserve); ``spent`` is the measured cost so far, cache read included."""
+
     size: int
     budget: float
     spent: float
@@ -67,36 +70,67 @@ class Session(ABC):
         """The best answer from the features in hand (the budget has run out)."""
 
 
-class CostTable:
-    """Per-extractor cost polynomials of a bundle, as a coefficient matrix."""
+class Calibration(Protocol):
+    """Live corrections of the profiled cost curves (``service.calibration``)."""
 
-    def __init__(self, manifest: Manifest) -> None:
+    @property
+    def active(self) -> bool: ...
+
+    def factors_at(self, n: float) -> dict[str, float]: ...
+
+
+class CostModel:
+    """A bundle's per-extractor cost curves: the profiled polynomials, corrected by live
+    calibration once it has data. Shared by every strategy of the bundle."""
+
+    def __init__(self, manifest: Manifest, calibration: Calibration | None = None) -> None:
         self.names = [e.name for e in manifest.extractors]
         self.position = {name: i for i, name in enumerate(self.names)}
         width = max(len(e.cost.coefficients) for e in manifest.extractors) if self.names else 1
         self.coefficients = np.zeros((len(self.names), width), dtype=np.float64)
         for i, e in enumerate(manifest.extractors):
             self.coefficients[i, : len(e.cost.coefficients)] = e.cost.coefficients
+        self.calibration = calibration
 
-    def at(self, n: float) -> dict[str, float]:
-        """Every extractor's predicted cost at size ``n``."""
+    @property
+    def calibrated(self) -> bool:
+        """Whether live corrections are in force (profiled curves no longer the truth)."""
+        return self.calibration is not None and self.calibration.active
+
+    def profiled_at(self, n: float) -> dict[str, float]:
         values = np.asarray(horner(self.coefficients, n))
         return dict(zip(self.names, values.tolist(), strict=True))
 
-    def set_coefficients(self, features: list[str] | tuple[str, ...]) -> npt.NDArray[np.float64]:
+    def at(self, n: float) -> dict[str, float]:
+        """Every extractor's predicted cost at size ``n`` (calibrated when available)."""
+        costs = self.profiled_at(n)
+        if self.calibrated:
+            assert self.calibration is not None
+            factors = self.calibration.factors_at(n)
+            return {k: v * factors.get(k, 1.0) for k, v in costs.items()}
+        return costs
+
+    def set_coefficients(self, features: Sequence[str]) -> npt.NDArray[np.float64]:
         rows = [self.position[f] for f in features]
-        return self.coefficients[rows].sum(axis=0) if rows else np.zeros(self.coefficients.shape[1])
+        if not rows:
+            return np.zeros(self.coefficients.shape[1])
+        summed: npt.NDArray[np.float64] = self.coefficients[rows].sum(axis=0)
+        return summed
 
 
 class StrategyRuntime(ABC):
-    """Built once per loaded bundle from its manifest; ``begin`` is called per request."""
+    """Built once per strategy of a loaded bundle; ``begin`` is called per request."""
 
     kind: ClassVar[str]
 
-    def __init__(self, manifest: Manifest, models: dict[str, LoadedModel]) -> None:
+    def __init__(
+        self, manifest: Manifest, spec: Any, models: dict[str, LoadedModel], costs: CostModel
+    ) -> None:
         self.manifest = manifest
+        self.spec = spec
+        self.name: str = spec.name
         self.models = models
-        self.costs = CostTable(manifest)
+        self.costs = costs
         self.accuracy = {m.id: m.accuracy for m in manifest.models}
         self.model_features = {m.id: tuple(m.features) for m in manifest.models}
 
@@ -107,6 +141,24 @@ class StrategyRuntime(ABC):
     def predict(self, answer: Answer, features: Mapping[str, FloatVector]) -> FloatVector:
         """Class probabilities for ``answer`` from the features in hand."""
         return self.models[answer.model].predict_proba(features)
+
+    def skyline(self, size: int) -> list[tuple[float, float, str]]:
+        """(cost, accuracy, model id) of the models this strategy may answer with that are
+        worth their cost at ``size``: sorted by cost, accuracy strictly rising."""
+        per_feature = self.costs.at(size)
+        points = sorted(
+            (sum(per_feature[f] for f in self.model_features[m]), -self.accuracy[m], m)
+            for m in self.answerable()
+        )
+        out: list[tuple[float, float, str]] = []
+        for cost, neg_acc, model in points:
+            if not out or -neg_acc > out[-1][1]:
+                out.append((cost, -neg_acc, model))
+        return out
+
+    def answerable(self) -> list[str]:
+        """Model ids this strategy may answer with (all of the bundle's by default)."""
+        return list(self.model_features)
 
     def best_computable(self, in_hand: frozenset[str] | set[str]) -> str:
         """The most accurate model whose features are all in hand (the prior always is)."""

@@ -1,0 +1,343 @@
+"""Live cost calibration: make planning use *this* machine's extraction costs.
+
+A bundle ships one cost curve ``c_f(n)`` per extractor (:class:`~service.bundle.CostPolynomial`),
+fitted offline to the p95 of timings on the build machine. On another machine (or under a
+different load, or with costs deliberately mis-scaled) those curves are off by a factor that
+may itself depend on the item size. The service times every extraction; a
+:class:`CostCalibrator` turns those timings into a multiplicative correction
+``factor_f(n)`` so that planning uses ``c_f(n) * factor_f(n)``.
+
+Estimator
+---------
+For each measurement we store the *ratio* ``r = measured_ms / max(c_f(n), tiny)`` rather than
+raw milliseconds. Ratios make one size bucket usable across all the sizes it spans (the
+profiled curve already carries the shape in ``n``) and let an extractor-wide estimate transfer
+to sizes that have not been seen yet.
+
+* Ratios are kept per ``(extractor, size bucket)`` with
+  ``bucket = floor(log(n) / log(bucket_base))`` (powers of two by default), each in a ring
+  buffer holding the last ``window`` ratios, plus one extractor-wide ring buffer of the last
+  ``window`` ratios over all sizes.
+* ``factor_f(n)`` is the ``quantile`` (default 0.95) of the bucket's ratios when the bucket
+  has at least ``min_samples`` samples; else the same quantile over the extractor-wide
+  buffer if *that* has at least ``min_samples``; else ``1.0`` (trust the bundle).
+
+Why the p95: bundles are profiled to the p95 of measured times, so calibrating to the p95 of
+``measured / profiled`` keeps the calibrated curve the same statistic as the profiled one
+(a correct bundle calibrates to ~1.0, not to the ratio of means). The empirical quantile uses
+the conservative order statistic of ``np.quantile(..., method="higher")`` -- the sample at
+index ``ceil(q * (m - 1))`` of the ``m`` sorted ratios, never an interpolation towards a
+smaller one -- so with few samples the estimate errs on the expensive side, which is the
+safe side for a budget. It is computed with ``np.partition`` (same value, O(m)).
+
+Why ring buffers: only the last ``window`` samples count, so old behaviour is forgotten
+after ``window`` new requests: a machine that becomes slower or faster (thermal throttling,
+noisy neighbours, a new instance type) is tracked, and a mis-profiled bundle adapts within
+a few hundred requests.
+
+Cost on the request path: quantiles are cached per buffer and recomputed lazily, only when
+new samples arrived -- at the latest after ``refresh_every`` new samples (and immediately when
+a buffer first reaches ``min_samples``) -- so ``factor`` is normally a couple of dict look-ups.
+``record`` is O(1): one polynomial evaluation and one ring-buffer write under a short lock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from service.bundle import CostPolynomial
+from service.types import FloatArray
+
+_TINY_MS = 1e-6
+"""Floor for the profiled cost when forming ratios, so an all-zero curve cannot divide by 0."""
+_BUCKET_EPS = 1e-9
+"""Guards ``floor(log(n)/log(base))`` against rounding just below an exact power of the base."""
+
+
+class _Ring:
+    """The last ``window`` ratios, with a lazily refreshed cached quantile."""
+
+    __slots__ = ("cached", "computed_count", "count", "data", "pos")
+
+    def __init__(self, window: int) -> None:
+        self.data: FloatArray = np.empty(window, dtype=np.float64)
+        self.pos = 0
+        self.count = 0  # total samples ever recorded (not capped at the window)
+        self.cached = 1.0
+        self.computed_count = -1  # ``count`` when ``cached`` was computed; -1: never
+
+    def push(self, value: float) -> None:
+        self.data[self.pos] = value
+        self.pos += 1
+        if self.pos == self.data.shape[0]:
+            self.pos = 0
+        self.count += 1
+
+    @property
+    def filled(self) -> int:
+        return min(self.count, int(self.data.shape[0]))
+
+
+class _Extractor:
+    __slots__ = ("buckets", "coefficients", "curve", "wide")
+
+    def __init__(self, curve: CostPolynomial, window: int) -> None:
+        self.curve = curve
+        self.coefficients: tuple[float, ...] = tuple(float(c) for c in reversed(curve.coefficients))
+        self.wide = _Ring(window)
+        self.buckets: dict[int, _Ring] = {}
+
+    def profiled(self, n: float) -> float:
+        total = 0.0
+        for c in self.coefficients:  # highest degree first (Horner)
+            total = total * n + c
+        return total
+
+
+class CostCalibrator:
+    """Corrects a bundle's profiled cost curves with this machine's measured timings.
+
+    See the module docstring for the estimator. Thread-safe: :meth:`record` may be called
+    from many worker threads while request threads call :meth:`factor` / :meth:`cost`.
+
+    ``refresh_every`` bounds how stale a cached quantile may be (in new samples of that
+    buffer); ``1`` recomputes after every new sample.
+    """
+
+    def __init__(
+        self,
+        profiled: Mapping[str, CostPolynomial],
+        *,
+        quantile: float = 0.95,
+        window: int = 256,
+        min_samples: int = 30,
+        bucket_base: float = 2.0,
+        enabled: bool = True,
+        refresh_every: int = 8,
+    ) -> None:
+        if not 0.0 < quantile <= 1.0:
+            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if not 1 <= min_samples <= window:
+            raise ValueError(f"min_samples must be in [1, window={window}], got {min_samples}")
+        if not (math.isfinite(bucket_base) and bucket_base > 1.0):
+            raise ValueError(f"bucket_base must be a finite number > 1, got {bucket_base}")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
+        self._curves: dict[str, CostPolynomial] = dict(profiled)
+        self._quantile = float(quantile)
+        self._window = int(window)
+        self._min_samples = int(min_samples)
+        self._bucket_base = float(bucket_base)
+        self._inv_log_base = 1.0 / math.log(self._bucket_base)
+        self._enabled = bool(enabled)
+        self._refresh_every = int(refresh_every)
+        self._lock = threading.Lock()
+        self._states: dict[str, _Extractor] = {}
+        self._active = False
+        self.reset()
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def extractors(self) -> list[str]:
+        return list(self._curves)
+
+    @property
+    def active(self) -> bool:
+        """True once some bucket or extractor has ``min_samples`` samples (so a factor may
+        differ from 1.0). Always False when disabled."""
+        return self._enabled and self._active
+
+    # -- measurements ----------------------------------------------------------------------
+
+    def bucket(self, n: float) -> int | None:
+        """The size bucket of ``n``: ``floor(log(n) / log(bucket_base))``; None for n <= 0."""
+        if not (n > 0.0 and math.isfinite(n)):
+            return None
+        return math.floor(math.log(n) * self._inv_log_base + _BUCKET_EPS)
+
+    def record(self, extractor: str, n: int, ms: float) -> None:
+        """Record one extraction of an item of size ``n`` that took ``ms`` milliseconds.
+
+        Ignored when disabled, for unknown extractors, for ``n <= 0`` and for non-finite or
+        negative ``ms``. O(1); thread-safe.
+        """
+        if not self._enabled:
+            return
+        state = self._states.get(extractor)
+        if state is None:
+            return
+        try:
+            size = float(n)
+            value = float(ms)
+        except (TypeError, ValueError):
+            return
+        b = self.bucket(size)
+        if b is None or not math.isfinite(value) or value < 0.0:
+            return
+        ratio = value / max(state.profiled(size), _TINY_MS)
+        if not math.isfinite(ratio):
+            return
+        with self._lock:
+            if self._states.get(extractor) is not state:  # reset() raced with us
+                return
+            ring = state.buckets.get(b)
+            if ring is None:
+                ring = state.buckets[b] = _Ring(self._window)
+            ring.push(ratio)
+            state.wide.push(ratio)
+            if not self._active and state.wide.count >= self._min_samples:
+                self._active = True
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def _value(self, ring: _Ring) -> float:
+        """``ring``'s cached quantile, recomputed if stale (ring has >= min_samples)."""
+        done = ring.computed_count
+        if done >= self._min_samples and ring.count - done < self._refresh_every:
+            return ring.cached
+        with self._lock:
+            m = ring.filled
+            k = min(m - 1, math.ceil(self._quantile * (m - 1) - 1e-12))
+            # == np.quantile(data, q, method="higher"), in O(m)
+            value = float(np.partition(ring.data[:m], k)[k])
+            ring.cached = value
+            ring.computed_count = ring.count
+        return value
+
+    def _ring_for(self, state: _Extractor, n: float) -> _Ring | None:
+        b = self.bucket(n)
+        if b is not None:
+            ring = state.buckets.get(b)
+            if ring is not None and ring.count >= self._min_samples:
+                return ring
+        if state.wide.count >= self._min_samples:
+            return state.wide
+        return None
+
+    def factor(self, extractor: str, n: float) -> float:
+        """Multiplicative correction of ``extractor``'s profiled curve at size ``n``.
+
+        The ``quantile`` of the ratios in ``n``'s bucket if it has ``min_samples``; else of the
+        extractor-wide window if that has ``min_samples``; else 1.0. Also 1.0 when disabled
+        or for unknown extractors.
+        """
+        if not self._enabled:
+            return 1.0
+        state = self._states.get(extractor)
+        if state is None:
+            return 1.0
+        ring = self._ring_for(state, n)
+        return 1.0 if ring is None else self._value(ring)
+
+    def profiled_cost(self, extractor: str, n: float) -> float:
+        """The bundle's curve at ``n``. KeyError for unknown extractors."""
+        return self._states[extractor].profiled(n)
+
+    def cost(self, extractor: str, n: float) -> float:
+        """Calibrated cost ``profiled(n) * factor(n)``, in ms. KeyError for unknown extractors.
+
+        When a factor applies, the profiled cost is floored at a tiny positive value (the
+        same floor used to form the ratios), so an all-zero curve calibrates to the measured
+        cost instead of staying 0.
+        """
+        state = self._states[extractor]
+        base = state.profiled(n)
+        if not self._enabled:
+            return base
+        ring = self._ring_for(state, n)
+        if ring is None:
+            return base
+        return max(base, _TINY_MS) * self._value(ring)
+
+    def costs_at(self, n: float) -> dict[str, float]:
+        """Every extractor's calibrated cost at size ``n``."""
+        return {name: self.cost(name, n) for name in self._curves}
+
+    def factors_at(self, n: float) -> dict[str, float]:
+        """Every extractor's calibration factor at size ``n``."""
+        return {name: self.factor(name, n) for name in self._curves}
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def _bucket_range(self, b: int) -> list[float | int]:
+        bounds: list[float | int] = []
+        for e in (b, b + 1):
+            v = self._bucket_base**e
+            bounds.append(int(v) if float(v).is_integer() else float(v))
+        return bounds
+
+    def snapshot(self, sizes: Sequence[int]) -> dict[str, Any]:
+        """JSON-ready state, for ``GET /models/{name}/costs``.
+
+        ``{"quantile", "window", "min_samples", "enabled", "active", "bucket_base",
+        "extractors": {name: {"profiled": {n: ms}, "calibrated": {n: ms}, "samples": total,
+        "factor": extractor-wide factor, "buckets": [{"bucket", "sizes": [lo, hi), "samples",
+        "factor", "source"}]}}}``. A bucket's ``factor`` is the one :meth:`factor` applies to
+        its sizes; ``source`` says where it comes from: ``"bucket"`` (its own window),
+        ``"extractor"`` (the extractor-wide fallback) or ``"none"`` (1.0, too few samples).
+        ``samples`` count every recorded sample, not only those still in a window.
+        """
+        extractors: dict[str, Any] = {}
+        for name, state in self._states.items():
+            with self._lock:
+                bucket_items = sorted(state.buckets.items())
+            buckets: list[dict[str, Any]] = []
+            for b, ring in bucket_items:
+                if not self._enabled:
+                    source, f = "none", 1.0
+                elif ring.count >= self._min_samples:
+                    source, f = "bucket", self._value(ring)
+                elif state.wide.count >= self._min_samples:
+                    source, f = "extractor", self._value(state.wide)
+                else:
+                    source, f = "none", 1.0
+                buckets.append(
+                    {
+                        "bucket": b,
+                        "sizes": self._bucket_range(b),
+                        "samples": ring.count,
+                        "factor": f,
+                        "source": source,
+                    }
+                )
+            wide = (
+                self._value(state.wide)
+                if self._enabled and state.wide.count >= self._min_samples
+                else 1.0
+            )
+            extractors[name] = {
+                "profiled": {int(n): state.profiled(n) for n in sizes},
+                "calibrated": {int(n): self.cost(name, n) for n in sizes},
+                "samples": state.wide.count,
+                "factor": wide,
+                "buckets": buckets,
+            }
+        return {
+            "quantile": self._quantile,
+            "window": self._window,
+            "min_samples": self._min_samples,
+            "bucket_base": self._bucket_base,
+            "enabled": self._enabled,
+            "active": self.active,
+            "extractors": extractors,
+        }
+
+    def reset(self) -> None:
+        """Forget every measurement: all factors go back to 1.0."""
+        with self._lock:
+            self._states = {
+                name: _Extractor(curve, self._window) for name, curve in self._curves.items()
+            }
+            self._active = False
