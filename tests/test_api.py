@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -430,8 +431,7 @@ def test_skyline_endpoint(digits: tuple[TestClient, InProcessCache]) -> None:
         points = view["skyline"]
         assert points[0]["features"] == [] and points[0]["cost"] == 0.0
         assert [p["cost"] for p in points] == sorted(p["cost"] for p in points)
-        assert all(b["accuracy"] > a["accuracy"] for a, b in zip(points, points[1:],
-                                                                   strict=False))
+        assert all(b["accuracy"] > a["accuracy"] for a, b in itertools.pairwise(points))
     # the same feature sets cost more on a bigger item
     top_small, top_large = small["skyline"][-1], large["skyline"][-1]
     assert top_small["accuracy"] == top_large["accuracy"]

@@ -6,6 +6,7 @@ this suite then covers them unchanged.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_skyline_is_cost_sorted_with_rising_accuracy(
         points = runtime.skyline(side * side)
         assert points, "the empty model is always on the skyline"
         assert [p[0] for p in points] == sorted(p[0] for p in points)
-        assert all(b[1] > a[1] for a, b in zip(points, points[1:], strict=False))
+        assert all(b[1] > a[1] for a, b in itertools.pairwise(points))
 
 
 def test_polydom_fallback_is_the_best_computable(bundle: Bundle) -> None:
