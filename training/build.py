@@ -163,7 +163,7 @@ class LatticeEvaluator:
     _fitted: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def features(self, mask: int) -> list[str]:
-        return [n for i, n in enumerate(self.data.names) if mask >> i & 1]
+        return mask_features(self.data.names, mask)
 
     @property
     def calls(self) -> int:
@@ -290,28 +290,8 @@ def build_bundle(
     tmp = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=out_dir.parent))
     try:
         models, export_errors = _export_models(tmp, evaluator, export_masks, data, classes)
-        candidate_ids = [model_id_for(evaluator.features(m)) for m in polydom.candidates_]
-        skylines = [
-            [candidate_ids[pos] for pos in skyline] for skyline in polydom.index_.skylines
-        ]
-        static = PolyDomStrategy(
-            name="polydom",
-            anytime=False,
-            epsilon=config.epsilon,
-            delta=config.delta,
-            size_domain=config.size_domain,
-            candidates=candidate_ids,
-            index=PolyDomIndex(
-                breakpoints=[float(b) for b in polydom.index_.breakpoints], skylines=skylines
-            ),
-            stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
-        )
-        strategies: list[PolyDomStrategy | GreedyStrategy] = [
-            static.model_copy(update={"name": "polydom-anytime", "anytime": True}),
-            static,
-        ]
-        for variant, fit in greedy_fits.items():
-            strategies.append(_greedy_spec(variant, fit, evaluator))
+        strategies = make_strategies(names, polydom, greedy_fits)
+        skylines = [s.index.skylines for s in strategies if isinstance(s, PolyDomStrategy)]
         digest = hashlib.sha256()
         for path in sorted(tmp.glob("*.onnx")):
             digest.update(path.read_bytes())
@@ -375,20 +355,54 @@ def _subsets(mask: int) -> list[int]:
         sub = (sub - 1) & mask
 
 
-def _greedy_spec(variant: str, fit: GreedySequences, evaluator: LatticeEvaluator) -> GreedyStrategy:
-    return GreedyStrategy(
-        name=variant,
-        reference_size=fit.reference_size_,
-        sequences=[
-            GreedySequenceSpec(
-                lambdas=[f"{lam:.4g}" for lam in s.lambdas],
-                features=[evaluator.data.names[i] for i in s.order],
-                models=[model_id_for(evaluator.features(m)) for m in s.prefix_masks],
-            )
-            for s in fit.sequences_
-        ],
-        skyline=[(int(seq), int(length)) for seq, length in fit.skyline_],
+def mask_features(names: Sequence[str], mask: int) -> list[str]:
+    return [n for i, n in enumerate(names) if mask >> i & 1]
+
+
+def make_strategies(
+    names: Sequence[str], polydom: PolyDom, greedy_fits: dict[str, GreedySequences]
+) -> list[PolyDomStrategy | GreedyStrategy]:
+    """The manifest entries of fitted strategies (feature bit i = ``names[i]``): anytime and
+    static Poly-Dom sharing one index, then one entry per greedy variant."""
+
+    def model_id(mask: int) -> str:
+        return model_id_for(mask_features(names, mask))
+
+    candidate_ids = [model_id(m) for m in polydom.candidates_]
+    static = PolyDomStrategy(
+        name="polydom",
+        anytime=False,
+        epsilon=polydom.epsilon,
+        delta=polydom.delta,
+        size_domain=polydom.size_domain_,
+        candidates=candidate_ids,
+        index=PolyDomIndex(
+            breakpoints=[float(b) for b in polydom.index_.breakpoints],
+            skylines=[[candidate_ids[p] for p in skyline] for skyline in polydom.index_.skylines],
+        ),
+        stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
     )
+    strategies: list[PolyDomStrategy | GreedyStrategy] = [
+        static.model_copy(update={"name": "polydom-anytime", "anytime": True}),
+        static,
+    ]
+    for variant, fit in greedy_fits.items():
+        strategies.append(
+            GreedyStrategy(
+                name=variant,
+                reference_size=fit.reference_size_,
+                sequences=[
+                    GreedySequenceSpec(
+                        lambdas=[f"{lam:.4g}" for lam in s.lambdas],
+                        features=[names[i] for i in s.order],
+                        models=[model_id(m) for m in s.prefix_masks],
+                    )
+                    for s in fit.sequences_
+                ],
+                skyline=[(int(seq), int(length)) for seq, length in fit.skyline_],
+            )
+        )
+    return strategies
 
 
 def _export_models(
