@@ -454,3 +454,28 @@ def test_costs_endpoint_reports_profiled_and_calibrated(
     hog = view["extractors"]["hog"]
     assert set(hog) >= {"profiled", "calibrated", "samples", "buckets"}
     assert hog["samples"] > 0, "earlier requests in this module extracted hog"
+
+
+def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: Path) -> None:
+    # The tiny bundle believes hog costs ~0.02 ms at any size; at 512 px it takes several ms.
+    # Static Poly-Dom with calibration off keeps planning hog and overruns; with calibration
+    # on, after a few samples the planner learns the real cost and stops overrunning.
+    image = png_b64(np.tile(digit_image(8, 64), (8, 8)))  # 512 x 512
+    outcomes = {}
+    for calibrate in (False, True):
+        client, _ = make_client(tiny_bundle_dir.parent, overhead_reserve_ms=0.0,
+                                calibration=calibrate, calibration_min_samples=5)
+        with client:
+            bodies = [
+                predict(client, model="tiny", budget=2.0, strategy="polydom",
+                        item={"png_base64": image, "id": f"cal-{calibrate}-{i}"})[1]
+                for i in range(30)
+            ]
+            costs = client.get("/models/tiny/costs").json()
+        outcomes[calibrate] = [b["deadline_exceeded"] for b in bodies]
+        if calibrate:
+            assert costs["calibrated"] is True
+            hog = costs["extractors"]["hog"]
+            assert max(b["factor"] for b in hog["buckets"]) > 10, hog["buckets"]
+    assert sum(outcomes[False][10:]) >= 15, "without calibration the wrong model keeps overrunning"
+    assert sum(outcomes[True][10:]) == 0, outcomes[True]

@@ -129,3 +129,16 @@ def test_profile_interleaved_and_repeated_sides() -> None:
         profile_extractors([Thumbnail(), Thumbnail()], [8])
     with pytest.raises(ValueError):
         profile_extractors([Thumbnail()], [8], repeats=0)
+
+
+def test_envelope_covers_every_profiled_quantile_tightly() -> None:
+    samples = _synthetic([0.05, 2e-5], noise=0.1, seed=4)
+    samples[1] = [t * 1.6 for t in samples[1]]  # one size with a timing hiccup
+    fit = fit_cost_polynomial(SIZES, samples, quantile=0.95)
+    loose = fit_cost_polynomial(SIZES, samples, quantile=0.95, envelope=False)
+    for n, times in zip(SIZES, samples, strict=True):
+        assert fit(n) >= float(np.quantile(times, 0.95)) * (1 - 1e-9)
+    below = sum(loose(n) < float(np.quantile(t, 0.95)) for n, t in zip(SIZES, samples, strict=True))
+    assert below > 0, "the least-squares curve undershoots somewhere: the envelope matters"
+    # tight: at the largest size, no more than a few % above the measured quantile
+    assert fit(SIZES[-1]) <= 1.05 * float(np.quantile(samples[-1], 0.95))

@@ -72,13 +72,36 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
     return path
 
 
+def strategies_report() -> Path:
+    """Every strategy of the digits bundle: accuracy and overruns vs budget at 3 sizes."""
+    from training.evaluate import evaluate_bundle, load
+    from training.plots import write_strategy_report
+
+    bundle = load(ROOT / "models" / "digits")
+    names = [s.name for s in bundle.manifest.strategies]
+    points = list(evaluate_bundle(bundle, (32, 128, 256),
+                                  (0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0),
+                                  strategies=names, count=200))
+    _, md = write_strategy_report(points, ROOT / "docs" / "benchmarks", "digits", 200)
+    return md
+
+
 def main() -> None:
-    from training import bench_extractors, bench_polydom, bench_service
+    from training import (
+        bench_anytime,
+        bench_calibration,
+        bench_extractors,
+        bench_polydom,
+        bench_service,
+    )
 
     for name, run in (
         ("extractors", lambda: bench_extractors.main()),
         ("polydom", lambda: bench_polydom.main()),
         ("digits", digits_report),
+        ("strategies", strategies_report),
+        ("anytime (synthetic)", lambda: bench_anytime.main()),
+        ("calibration", lambda: bench_calibration.main()),
         ("service", lambda: bench_service.main()),
     ):
         t0 = time.perf_counter()

@@ -221,7 +221,7 @@ class BuildConfig:
     name: str = "digits"
     train_sides: tuple[int, ...] = (16, 24, 32, 48, 64)
     profile_sides: tuple[int, ...] = (16, 32, 64, 96, 128, 192, 256)
-    profile_repeats: int = 15
+    profile_repeats: int = 31
     quantile: float = 0.95
     epsilon: float = 0.02
     delta: float = 0.01

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,7 +34,7 @@ def _sides(text: str) -> tuple[int, ...]:
 @app.command()
 def profile(
     sides: Annotated[str, typer.Option(help="image sides to time")] = "16,32,64,128,256",
-    repeats: Annotated[int, typer.Option(min=3)] = 15,
+    repeats: Annotated[int, typer.Option(min=3)] = 31,
     quantile: Annotated[float, typer.Option(min=0.5, max=1.0)] = 0.95,
 ) -> None:
     """Time every built-in extractor and print the fitted cost polynomials."""
@@ -56,7 +56,7 @@ def build(
     delta: Annotated[float, typer.Option(min=0.0, max=1.0, help="monotonicity slack")] = 0.01,
     train_sides: Annotated[str, typer.Option()] = "16,24,32,48,64",
     profile_sides: Annotated[str, typer.Option()] = "16,32,64,96,128,192,256",
-    repeats: Annotated[int, typer.Option(min=3)] = 15,
+    repeats: Annotated[int, typer.Option(min=3)] = 31,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Build the embedded digits bundle (Poly-Dom) from scikit-learn's digits."""
@@ -90,36 +90,80 @@ def build(
     )
 
 
+def _budgets(text: str) -> list[float]:
+    try:
+        values = [float(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise typer.BadParameter(f"budgets must be numbers > 0, got {text!r}")
+    return values
+
+
+def _strategies(text: str, available: list[str]) -> list[str]:
+    if text == "all":
+        return available
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        raise typer.BadParameter(f"unknown strategies {unknown}; available: {available}")
+    return names
+
+
+def _evaluate(bundle: Path, sides: str, budgets: str, strategies: str, count: int) -> list[Any]:
+    from training.evaluate import evaluate_bundle, load
+
+    loaded = load(bundle)
+    names = _strategies(strategies, [s.name for s in loaded.manifest.strategies])
+    side_values, budget_values = _sides(sides), _budgets(budgets)
+    points = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("evaluating", total=len(side_values) * len(budget_values) * len(names))
+        for p in evaluate_bundle(loaded, side_values, budget_values, strategies=names,
+                                 count=count):
+            points.append(p)
+            bar.advance(task)
+    return points
+
+
 @app.command()
 def evaluate(
     bundle: Annotated[Path, typer.Option(help="bundle folder")] = Path("models/digits"),
     sides: Annotated[str, typer.Option()] = "16,64,128,256",
-    budgets: Annotated[str, typer.Option(help="budgets in ms")] = "0.5,2,5,20,100",
+    budgets: Annotated[str, typer.Option(help="budgets in ms")] = "0.6,1,2,5,20",
+    strategies: Annotated[str, typer.Option(help="comma-separated, or 'all'")] = "all",
     count: Annotated[int, typer.Option(min=10)] = 200,
 ) -> None:
-    """Accuracy, spent cost and overrun rate at (size, budget) points, on held-out digits."""
-    from training.evaluate import evaluate_bundle, load
-
-    loaded = load(bundle)
-    try:
-        budget_values = [float(b) for b in budgets.split(",")]
-    except ValueError:
-        raise typer.BadParameter(f"budgets: expected numbers, got {budgets!r}") from None
-    table = Table("side", "n", "budget ms", "accuracy", "expected", "mean spent", "p95 spent",
-                  "overruns", title=f"{loaded.name} on {count} held-out digits")
-    side_values = _sides(sides)
-    points = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("evaluating", total=len(side_values) * len(budget_values))
-        for p in evaluate_bundle(loaded, side_values, budget_values, count=count):
-            points.append(p)
-            bar.advance(task)
+    """Accuracy, spent cost and overrun rate at (size, budget) points, on held-out digits,
+    through the serving code path (live calibration off: the bundle's own cost model)."""
+    points = _evaluate(bundle, sides, budgets, strategies, count)
+    table = Table("side", "budget ms", "strategy", "accuracy", "expected", "mean spent",
+                  "p95 spent", "over budget", title=f"{bundle.name} on {count} held-out digits")
     for p in points:
-        table.add_row(str(p.side), str(p.side * p.side), f"{p.budget:g}", f"{p.accuracy:.3f}",
+        table.add_row(str(p.side), f"{p.budget:g}", p.strategy, f"{p.accuracy:.3f}",
                       f"{p.expected_accuracy:.3f}", f"{p.mean_spent:.2f}", f"{p.p95_spent:.2f}",
                       f"{p.overrun_rate:.1%}")
     console.print(table)
+
+
+@app.command()
+def plot(
+    bundle: Annotated[Path, typer.Option(help="bundle folder")] = Path("models/digits"),
+    out: Annotated[Path, typer.Option(help="folder for the PNG and markdown")] = Path(
+        "docs/benchmarks"
+    ),
+    sides: Annotated[str, typer.Option()] = "32,128,256",
+    budgets: Annotated[str, typer.Option()] = "0.6,0.8,1,1.5,2,3,5,8,12,20",
+    strategies: Annotated[str, typer.Option(help="comma-separated, or 'all'")] = "all",
+    count: Annotated[int, typer.Option(min=10)] = 200,
+) -> None:
+    """Accuracy vs budget at several sizes, per strategy: a PNG plot and a markdown table."""
+    from training.plots import write_strategy_report
+
+    points = _evaluate(bundle, sides, budgets, strategies, count)
+    png, md = write_strategy_report(points, out, bundle.name, count)
+    console.print(f"wrote {png} and {md}")
 
 
 @app.command()

@@ -12,12 +12,13 @@ import numpy as np
 
 from service.execution import execute
 from service.items import DecodedItem
-from service.registry import Bundle, load_bundle
+from service.registry import Bundle, CalibrationSettings, load_bundle
 from service.settings import Settings
 
 
 @dataclass(frozen=True)
 class EvalPoint:
+    strategy: str
     side: int
     budget: float
     accuracy: float
@@ -51,16 +52,21 @@ def evaluate_bundle(
     sides: Sequence[int],
     budgets: Sequence[float],
     *,
+    strategies: Sequence[str] | None = None,
     count: int = 200,
     reserve_ms: float | None = None,
 ) -> Iterable[EvalPoint]:
-    """Yield one :class:`EvalPoint` per (side, budget). ``reserve_ms`` defaults to the
+    """Yield one :class:`EvalPoint` per (side, budget, strategy), strategies defaulting to
+    the bundle's default one. Every held-out item is run through each strategy in turn, so
+    they are compared under the same machine conditions. ``reserve_ms`` defaults to the
     service's ``BUDGETSERVE_OVERHEAD_RESERVE_MS`` default, so plans match what it serves."""
     from training.digits import render_digit
 
     reserve = (
         Settings.model_fields["overhead_reserve_ms"].default if reserve_ms is None else reserve_ms
     )
+    names = list(strategies) if strategies else [bundle.manifest.default_strategy]
+    runtimes = [bundle.strategy(name) for name in names]
     params = bundle.manifest.provenance.parameters
     images8, labels = held_out_digits(count, int(params.get("seed", 0)), params.get("limit"))
     classes = bundle.manifest.classes
@@ -71,25 +77,36 @@ def evaluate_bundle(
             for i, img in enumerate(images8)
         ]
         for budget in budgets:
-            correct, spent, overruns, expected = 0, [], 0, []
+            correct = dict.fromkeys(names, 0)
+            overruns = dict.fromkeys(names, 0)
+            spent: dict[str, list[float]] = {name: [] for name in names}
+            expected: dict[str, list[float]] = {name: [] for name in names}
             for item, label in zip(items, labels, strict=True):
-                start = time.perf_counter()
-                run = execute(bundle, item, budget, {}, start, reserve_ms=reserve)
-                spent.append(run.spent_ms)
-                correct += int(classes[int(np.argmax(run.probabilities))] == str(label))
-                overruns += int(spent[-1] > budget)
-                expected.append(bundle.manifest.model(run.answer).accuracy)
-            yield EvalPoint(
-                side=side,
-                budget=budget,
-                accuracy=correct / len(items),
-                expected_accuracy=float(np.mean(expected)),
-                mean_spent=float(np.mean(spent)),
-                p95_spent=float(np.percentile(spent, 95)),
-                overrun_rate=overruns / len(items),
-                n=len(items),
-            )
+                for name, runtime in zip(names, runtimes, strict=True):
+                    start = time.perf_counter()
+                    run = execute(bundle, item, budget, {}, start, reserve_ms=reserve,
+                                  runtime=runtime)
+                    spent[name].append(run.spent_ms)
+                    correct[name] += int(classes[int(np.argmax(run.probabilities))] == str(label))
+                    overruns[name] += int(run.over_budget(budget))
+                    expected[name].append(bundle.manifest.model(run.answer).accuracy)
+            for name in names:
+                yield EvalPoint(
+                    strategy=name,
+                    side=side,
+                    budget=budget,
+                    accuracy=correct[name] / len(items),
+                    expected_accuracy=float(np.mean(expected[name])),
+                    mean_spent=float(np.mean(spent[name])),
+                    p95_spent=float(np.percentile(spent[name], 95)),
+                    overrun_rate=overruns[name] / len(items),
+                    n=len(items),
+                )
 
 
-def load(path: Path) -> Bundle:
-    return load_bundle(path, max_pixels=1 << 24)
+def load(path: Path, *, calibration: bool = False) -> Bundle:
+    """Load a bundle for offline evaluation; live calibration is off unless asked for, so
+    results describe the bundle's own cost model."""
+    return load_bundle(
+        path, max_pixels=1 << 24, calibration=CalibrationSettings(enabled=calibration)
+    )

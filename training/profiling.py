@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import nnls
+from scipy.optimize import linprog, nnls
 
 from service.bundle import CostPolynomial
 from service.extractors.base import Extractor
@@ -174,6 +174,34 @@ def _fit_degree(
     return coefficients, error
 
 
+def _envelope_degree(
+    n: npt.NDArray[np.float64], target: npt.NDArray[np.float64], degree: int
+) -> tuple[list[float], float]:
+    """The tightest ``sum c_i n^i`` (``c_i >= 0``) on or above ``target`` at every size.
+
+    A least-squares curve sits below the measured quantile at some sizes, and a budget
+    planned on it is overrun there; the paper provisions for the worst case instead. This
+    linear programme minimises the mean relative excess ``(c(n_k) - t_k) / t_k`` subject to
+    ``c(n_k) >= t_k``. Returns the coefficients and the relative RMS error of the curve.
+    """
+    scale = float(n.max())
+    design = np.vander(n / scale, degree + 1, increasing=True)
+    weights = 1.0 / np.maximum(target, 1e-9)
+    result = linprog(
+        c=(design * weights[:, None]).sum(axis=0),
+        A_ub=-design,
+        b_ub=-target,
+        bounds=[(0, None)] * (degree + 1),
+        method="highs",
+    )
+    if not result.success:  # pragma: no cover - always feasible: a large constant fits
+        return _fit_degree(n, target, degree)
+    solution = np.asarray(result.x, dtype=np.float64)
+    predicted = design @ solution
+    error = float(np.sqrt(np.mean(((predicted - target) * weights) ** 2)))
+    return [float(b) / scale**i for i, b in enumerate(solution)], error
+
+
 def select_degree(
     errors: Sequence[float],
     rel_tolerance: float = DEGREE_REL_TOLERANCE,
@@ -193,13 +221,15 @@ def fit_cost_polynomial(
     *,
     unit: str = "ms",
     min_degree: int = 0,
+    envelope: bool = True,
 ) -> CostPolynomial:
     """Fit ``c(n) = sum_i c_i n^i`` (all ``c_i >= 0``) to the per-size ``quantile`` of times.
 
     ``times_ms`` is either one sequence of samples per entry of ``sizes_n`` or one sample
-    per entry (sizes may repeat). Degrees ``min_degree..max_degree`` (capped at the number
-    of distinct sizes minus one) are fitted by NNLS on the relative error; the smallest
-    degree whose relative RMS error is within tolerance of the best is kept (see
+    per entry (sizes may repeat). With ``envelope`` the fitted curve is scaled up to lie
+    on or above the quantile at every profiled size. Degrees ``min_degree..max_degree``
+    (capped at the number of distinct sizes minus one) are fitted by NNLS on the relative
+    error; the smallest degree whose relative RMS error is within tolerance of the best is kept (see
     :func:`select_degree`). The result records ``quantile``, ``fit_error`` and
     ``profiled_sizes``.
     """
@@ -218,8 +248,10 @@ def fit_cost_polynomial(
     top = max(0, min(max_degree, len(sizes) - 1))
     low = max(0, min(min_degree, top))
     fits = [_fit_degree(n, target, d) for d in range(low, top + 1)]
-    chosen = select_degree([err for _, err in fits])
+    chosen = select_degree([err for _, err in fits])  # the shape, judged by least squares
     coefficients, error = fits[chosen]
+    if envelope:
+        coefficients, error = _envelope_degree(n, target, low + chosen)
     return CostPolynomial(
         coefficients=coefficients,
         unit=unit,

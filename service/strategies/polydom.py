@@ -40,6 +40,9 @@ from service.strategies.base import (
 from service.strategies.polydom_index import CompiledIndex
 
 
+_REL_TOLERANCE = 1e-9
+
+
 class StaticSession(Session):
     def __init__(self, runtime: PolyDomRuntime, target: str, order: list[str], planned: float):
         self.runtime = runtime
@@ -59,17 +62,28 @@ class StaticSession(Session):
 
 class AnytimeSession(Session):
     def __init__(
-        self, runtime: PolyDomRuntime, size: int, per_feature: dict[str, float], planned: float
+        self,
+        runtime: PolyDomRuntime,
+        size: int,
+        per_feature: dict[str, float],
+        target: str,
+        planned: float,
+        in_hand: frozenset[str],
     ) -> None:
         self.runtime = runtime
         self.size = size
         self.per_feature = per_feature
+        self.target = target
         self.planned = planned
+        self._planned_with = in_hand
 
     def step(self, obs: Observation) -> Step:
         rt = self.runtime
         in_hand = frozenset(obs.features)
-        target, _ = rt.plan(self.size, obs.remaining, in_hand, self.per_feature)
+        if in_hand != self._planned_with:  # an extraction finished: re-plan with what is left
+            self.target, _ = rt.plan(self.size, obs.remaining, in_hand, self.per_feature)
+            self._planned_with = in_hand
+        target = self.target
         missing = [f for f in rt.model_features[target] if f not in in_hand]
         best_now = rt.best_computable(in_hand)
         if not missing or rt.accuracy[best_now] >= rt.accuracy[target]:
@@ -151,10 +165,14 @@ class PolyDomRuntime(StrategyRuntime):
                 return self._fallback_model, 0.0
             target = self.candidates[pos]
             return target, sum(per_feature[f] for f in self.model_features[target])
+        # Re-planning subtracts measured costs from the budget and sums predicted ones in
+        # another order: compare with a relative tolerance so that float rounding alone
+        # never makes an exactly affordable set unaffordable.
+        limit = budget + _REL_TOLERANCE * max(abs(budget), 1.0)
         best, best_cost, best_acc = self._fallback_model, 0.0, -1.0
         for model_id, acc in zip(self.candidates, self._candidate_acc, strict=True):
             cost = sum(per_feature[f] for f in self.model_features[model_id] if f not in in_hand)
-            if cost <= budget and acc > best_acc:
+            if cost <= limit and acc > best_acc:
                 best, best_cost, best_acc = model_id, cost, acc
         return best, best_cost
 
@@ -162,7 +180,7 @@ class PolyDomRuntime(StrategyRuntime):
         target, planned = self.plan(size, budget, in_hand)
         per_feature = self.costs.at(size)
         if self.anytime:
-            return AnytimeSession(self, size, per_feature, planned)
+            return AnytimeSession(self, size, per_feature, target, planned, in_hand)
         order = sorted(
             (f for f in self.model_features[target] if f not in in_hand),
             key=lambda f: per_feature[f],
