@@ -39,7 +39,6 @@ from service.strategies.base import (
 )
 from service.strategies.polydom_index import CompiledIndex
 
-
 _REL_TOLERANCE = 1e-9
 
 
