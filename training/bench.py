@@ -105,8 +105,8 @@ def main() -> None:
         ("service", lambda: bench_service.main()),
     ):
         t0 = time.perf_counter()
-        path = run()
-        console.print(f"[bold]{name}[/]: {path} ({time.perf_counter() - t0:.0f} s)")
+        run()
+        console.print(f"[bold]{name}[/] done ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

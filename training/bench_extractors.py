@@ -122,9 +122,11 @@ def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
         "",
         "## Fitted cost polynomials c(n), n = pixels, ms",
         "",
-        f"NNLS fit to the 0.95 quantile (q) at sides {', '.join(map(str, PROFILE_SIDES))};"
-        " degree <= 2 chosen by relative RMS error (smallest degree within tolerance of the"
-        " best). Relative RMS error over the profiled sizes.",
+        f"Fit to the 0.95 quantile (q) at sides {', '.join(map(str, PROFILE_SIDES))}:"
+        " degree <= 2 chosen by least-squares relative RMS error (smallest degree within"
+        " tolerance of the best), then the tightest non-negative polynomial of that degree"
+        " lying on or above the quantile at every size (a linear programme). *fit error* is"
+        " that curve's relative RMS distance to the per-size quantiles.",
         "",
         "| extractor | degree | c(n) | fit error | c(256²) |",
         "|---|---:|---|---:|---:|",
