@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import errors
-from service.bundle import GreedyStrategy, Manifest, PolyDomStrategy
+from service.bundle import AnyStrategy, DagStrategy, Manifest, PolyDomStrategy
 from service.cache import FeatureCache, make_cache
 from service.handler import PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
@@ -323,7 +323,19 @@ def _summary(m: Manifest) -> dict[str, Any]:
     }
 
 
-def _strategy_summary(s: PolyDomStrategy | GreedyStrategy) -> dict[str, Any]:
+def _strategy_summary(s: AnyStrategy) -> dict[str, Any]:
+    if isinstance(s, DagStrategy):
+        return {
+            "name": s.name,
+            "kind": s.kind,
+            "anytime": True,
+            "groups": s.groups,
+            "policies": [
+                {"cost_scale": p.cost_scale, "mean_cost": p.mean_cost, "error": p.error,
+                 "states": len(p.states)}
+                for p in s.policies
+            ],
+        }
     if isinstance(s, PolyDomStrategy):
         return {
             "name": s.name,

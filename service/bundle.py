@@ -58,11 +58,20 @@ class CostPolynomial(_Strict):
 class ExtractorSpec(_Strict):
     """An extractor the bundle's models need: it must be installed at this version."""
 
-    name: str
+    name: str = Field(description="the feature's name in this bundle")
+    plugin: str | None = Field(
+        default=None,
+        description="entry point that provides it, when several features share one plugin "
+        "with different params (e.g. 'sensor'); defaults to ``name``",
+    )
     version: str
     dims: int = Field(ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
     cost: CostPolynomial
+
+    @property
+    def entry_point(self) -> str:
+        return self.plugin or self.name
 
 
 class ModelSpec(_Strict):
@@ -164,26 +173,114 @@ class GreedyStrategy(_Strict):
         return {m for s in self.sequences for m in s.models}
 
 
+class DagNode(_Strict):
+    """An internal node of a state's filter tree. A child ``>= 0`` is another node's index,
+    ``< 0`` the leaf action ``-child - 1`` (0: stop and classify, g + 1: acquire group g).
+    The node goes right when ``logits[logit] > 0``, or always right / left when ``logit`` is
+    None and ``constant`` is True / False."""
+
+    left: int
+    right: int
+    logit: int | None = None
+    constant: bool | None = None
+
+    @model_validator(mode="after")
+    def _decision(self) -> DagNode:
+        if (self.logit is None) == (self.constant is None):
+            raise ValueError("a DAG node needs exactly one of 'logit' or 'constant'")
+        return self
+
+
+class DagState(_Strict):
+    groups: int = Field(ge=0, description="bitmask of the groups acquired in this state")
+    model: str = Field(description="the classifier that answers in this state")
+    tree: list[DagNode] = Field(
+        default_factory=list, description="filter tree over the actions; empty: always stop"
+    )
+
+
+class DagPolicy(_Strict):
+    """One operating point of the trade-off sweep (sensor cost multiplier)."""
+
+    cost_scale: float = Field(ge=0)
+    mean_cost: float = Field(ge=0, description="average acquired cost on held-out data")
+    error: float = Field(ge=0, le=1, description="error rate on held-out data")
+    file: str = Field(
+        description="ONNX model: input 'features' (1 x sum of the inputs' dims: the acquired "
+        "extractors' values in `inputs` order, zeros elsewhere) -> output 'logits' (1 x nodes)"
+    )
+    states: list[DagState] = Field(min_length=1)
+
+
+class DagStrategy(_Strict):
+    """Adaptive sensor acquisition on a DAG of states (paper 000): per item, each state's
+    policy decides from the values acquired so far to stop or to acquire a group next."""
+
+    kind: Literal["dag"] = "dag"
+    name: str = "dag"
+    groups: list[list[str]] = Field(min_length=1, description="extractor names per group")
+    inputs: list[str] = Field(min_length=1, description="extractor order of the policy input")
+    policies: list[DagPolicy] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DagStrategy:
+        known = set(self.inputs)
+        for group in self.groups:
+            if not group or not set(group) <= known:
+                raise ValueError(f"DAG group {group} must be non-empty and among the inputs")
+        full = (1 << len(self.groups)) - 1
+        for policy in self.policies:
+            states = {s.groups for s in policy.states}
+            if 0 not in states:
+                raise ValueError("a DAG policy needs the root state (no groups)")
+            for state in policy.states:
+                if state.groups & ~full:
+                    raise ValueError(f"DAG state {state.groups} names unknown groups")
+                for node in state.tree:
+                    for child in (node.left, node.right):
+                        if child >= len(state.tree) or (
+                            child < 0 and (-child - 1) > len(self.groups)
+                        ):
+                            raise ValueError(f"DAG node child {child} is out of range")
+        return self
+
+
 # New strategy kinds join this union; the discriminator is ``kind``.
-Strategy = Annotated[PolyDomStrategy | GreedyStrategy, Field(discriminator="kind")]
+Strategy = Annotated[
+    PolyDomStrategy | GreedyStrategy | DagStrategy, Field(discriminator="kind")
+]
+AnyStrategy = PolyDomStrategy | GreedyStrategy | DagStrategy
 
 
-def _referenced_models(strategy: PolyDomStrategy | GreedyStrategy) -> set[str]:
+def _referenced_models(strategy: AnyStrategy) -> set[str]:
     if isinstance(strategy, PolyDomStrategy):
         out = set(strategy.candidates)
         for skyline in strategy.index.skylines:
             out.update(skyline)
         return out
+    if isinstance(strategy, DagStrategy):
+        return {s.model for p in strategy.policies for s in p.states}
     return strategy.model_ids()
 
 
 class ItemSpec(_Strict):
-    """What ``POST /predict`` accepts as ``item`` for this bundle."""
+    """What ``POST /predict`` accepts as ``item`` for this bundle.
 
-    kind: Literal["image"] = "image"
+    ``image``: ``{"id"?, "png_base64"}``, size = pixel count. ``tabular``:
+    ``{"id"?, "values": {column: number}}`` with every one of ``columns``, size = 1.
+    """
+
+    kind: Literal["image", "tabular"] = "image"
     max_pixels: int = Field(default=1 << 22, ge=1)
     min_side: int = Field(default=8, ge=1, description="smallest width or height accepted")
+    columns: list[str] = Field(default_factory=list, description="tabular: the value names")
     size_unit: str = "pixels"
+
+    @model_validator(mode="after")
+    def _columns(self) -> ItemSpec:
+        if self.kind == "tabular" and not self.columns:
+            raise ValueError("a tabular item spec needs its columns")
+        return self
 
 
 class Provenance(_Strict):
@@ -201,6 +298,11 @@ class Manifest(_Strict):
     task: Literal["classification"] = "classification"
     classes: list[str] = Field(min_length=2)
     cost_unit: str = "ms"
+    cost_basis: Literal["measured", "declared"] = Field(
+        default="measured",
+        description="measured: a request spends the wall time of its work (budgets in ms); "
+        "declared: it spends the declared cost of each feature it acquires (any unit)",
+    )
     item: ItemSpec
     extractors: list[ExtractorSpec]
     models: list[ModelSpec] = Field(min_length=1)
@@ -232,6 +334,8 @@ class Manifest(_Strict):
         if self.default_strategy not in names:
             raise ValueError(f"default_strategy {self.default_strategy!r} is not one of {names}")
         for strategy in self.strategies:
+            if isinstance(strategy, DagStrategy) and not set(strategy.inputs) <= set(dims):
+                raise ValueError(f"strategy {strategy.name!r} reads undeclared extractors")
             missing = sorted(_referenced_models(strategy) - known)
             if missing:
                 raise ValueError(f"strategy {strategy.name!r} references unknown models {missing}")
@@ -244,7 +348,7 @@ class Manifest(_Strict):
                 return s
         raise KeyError("polydom")
 
-    def strategy(self, name: str | None = None) -> PolyDomStrategy | GreedyStrategy:
+    def strategy(self, name: str | None = None) -> AnyStrategy:
         """The strategy called ``name`` (the default one when None); KeyError if absent."""
         wanted = self.default_strategy if name is None else name
         for s in self.strategies:

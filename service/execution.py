@@ -25,10 +25,11 @@ class Execution:
     extracted: dict[str, FloatVector]
     extraction_ms: dict[str, float]
     inference_ms: float
-    spent_ms: float
+    spent: float
+    path: list[list[str]] | None = None
 
     def over_budget(self, budget: float) -> bool:
-        return self.spent_ms > budget
+        return self.spent > budget
 
 
 def _noop(name: str, seconds: float) -> None:
@@ -59,19 +60,28 @@ def execute(
     answers from the features in hand (``stopped_early``). ``runtime`` is the strategy
     (the bundle's default when None). Every extraction's time is recorded in the bundle's
     cost calibrator.
+
+    With ``cost_basis == "declared"`` (e.g. tabular sensors with costs in their own unit) a
+    request spends the declared cost of each feature it acquires (cached ones are free);
+    there is no reserve and nothing to calibrate.
     """
     features: dict[str, FloatVector] = dict(in_hand)
     extracted: dict[str, FloatVector] = {}
     extraction_ms: dict[str, float] = {}
-    plan_budget = max(budget - reserve_ms, 0.0)
+    measured = bundle.manifest.cost_basis == "measured"
+    declared = 0.0
+    per_feature = bundle.costs.profiled_at(item.size) if not measured else {}
+    plan_budget = max(budget - reserve_ms, 0.0) if measured else budget
+
+    def spent_now() -> float:
+        return _ms_since(start) if measured else declared
+
     runtime = bundle.runtime if runtime is None else runtime
-    session = runtime.begin(
-        item.size, max(plan_budget - _ms_since(start), 0.0), frozenset(features)
-    )
+    session = runtime.begin(item.size, max(plan_budget - spent_now(), 0.0), frozenset(features))
     stopped_early = False
     step: Step
     while True:
-        spent = _ms_since(start)
+        spent = spent_now()
         obs = Observation(size=item.size, budget=plan_budget, spent=spent, features=features)
         if spent > budget:
             stopped_early = True
@@ -94,7 +104,10 @@ def execute(
                 f"({extractor.dims},) finite float32",
             )
         on_extraction(step.feature, elapsed)
-        bundle.calibrator.record(step.feature, item.size, elapsed * 1000.0)
+        if measured:
+            bundle.calibrator.record(step.feature, item.size, elapsed * 1000.0)
+        else:
+            declared += per_feature[step.feature]
         extraction_ms[step.feature] = elapsed * 1000.0
         features[step.feature] = vector
         extracted[step.feature] = vector
@@ -111,5 +124,6 @@ def execute(
         extracted=extracted,
         extraction_ms=extraction_ms,
         inference_ms=(finished - t0) * 1000.0,
-        spent_ms=(finished - start) * 1000.0,
+        spent=(finished - start) * 1000.0 if measured else declared,
+        path=session.path(),
     )

@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -123,7 +124,60 @@ class ImageDecoder:
         return DecodedItem(data=data, size=int(pixels.size), key=key)
 
 
+class TabularItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, min_length=1, max_length=256)
+    values: dict[str, float] = Field(min_length=1)
+
+
+class TabularDecoder:
+    """``{"id": optional str, "values": {column: number}}`` → the values as a dict; size 1.
+
+    Every column the bundle declares must be present and finite (a sensor serves a group of
+    them at a declared cost). The cache key is the ``id`` when given, else a hash of the
+    values.
+    """
+
+    def __init__(self, spec: ItemSpec) -> None:
+        self.columns = list(spec.columns)
+
+    def heavy(self, item: Any) -> bool:
+        return False
+
+    def decode(self, item: Any) -> DecodedItem:
+        if not isinstance(item, dict):
+            raise InvalidItem(
+                f"'item' must be an object with 'values' (and optional 'id'), "
+                f"got {type(item).__name__}"
+            )
+        try:
+            parsed = TabularItem.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidItem(f"invalid tabular item: {_describe(exc)}") from None
+        missing = [c for c in self.columns if c not in parsed.values]
+        if missing:
+            raise InvalidItem(
+                f"item.values lacks {len(missing)} column(s) this model needs: "
+                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}",
+                missing=missing,
+            )
+        bad = [c for c in self.columns if not math.isfinite(parsed.values[c])]
+        if bad:
+            raise InvalidItem(f"item.values has non-finite values for {', '.join(bad[:10])}")
+        values = {c: float(parsed.values[c]) for c in self.columns}
+        if parsed.id is not None:
+            key = "id:" + parsed.id
+        else:
+            digest = hashlib.blake2b(
+                np.asarray([values[c] for c in self.columns], dtype=np.float64).tobytes(),
+                digest_size=16,
+            )
+            key = "h:" + digest.hexdigest()
+        return DecodedItem(data=values, size=1, key=key)
+
+
 def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
     if spec.kind == "image":
         return ImageDecoder(spec, max_pixels)
-    raise ValueError(f"unsupported item kind {spec.kind!r}")  # pragma: no cover - schema-guarded
+    return TabularDecoder(spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -97,13 +98,14 @@ def load_bundle(
     installed = available_extractors(broken)
     extractors: dict[str, Extractor] = {}
     for spec in manifest.extractors:
-        if spec.name in broken and spec.name not in installed:
+        plugin = spec.entry_point
+        if plugin in broken and plugin not in installed:
             raise BundleError(
-                f"bundle {manifest.name!r}: extractor {spec.name!r} failed to import: "
-                f"{broken[spec.name]}"
+                f"bundle {manifest.name!r}: extractor {plugin!r} failed to import: "
+                f"{broken[plugin]}"
             )
         try:
-            extractor = create_extractor(spec.name, spec.version, spec.params, installed)
+            extractor = create_extractor(plugin, spec.version, spec.params, installed)
         except LookupError as exc:
             raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
         if extractor.dims != spec.dims:
@@ -125,7 +127,7 @@ def load_bundle(
     runtimes: dict[str, StrategyRuntime] = {}
     for strategy in manifest.strategies:
         try:
-            runtime = strategy_for(strategy.kind)(manifest, strategy, models, costs)
+            runtime = strategy_for(strategy.kind)(manifest, strategy, models, costs, path)
             runtimes[strategy.name] = runtime
         except LookupError as exc:
             raise BundleError(f"bundle {manifest.name!r}: {exc}") from exc
@@ -149,17 +151,19 @@ def _warm_up(
     """Run every extractor and model once, so first requests don't pay one-off costs
     (lazy imports, allocator growth, ONNX Runtime's first-run initialisation) against
     their budgets."""
-    if manifest.item.kind != "image":  # pragma: no cover - the only kind so far
-        return
-    blank = np.zeros((32, 32), dtype=np.float32)
+    blank: Any = (
+        np.zeros((32, 32), dtype=np.float32)
+        if manifest.item.kind == "image"
+        else dict.fromkeys(manifest.item.columns, 0.0)
+    )
     features = {}
     for name, extractor in extractors.items():
         try:
             features[name] = np.asarray(extractor.extract(blank), dtype=np.float32)
-        except Exception as exc:  # a plugin that cannot handle a blank image
+        except Exception as exc:  # a plugin that cannot handle a blank item
             raise BundleError(
                 f"bundle {manifest.name!r}: extractor {name!r} failed its warm-up on a blank "
-                f"32x32 image: {exc}"
+                f"{manifest.item.kind} item: {exc}"
             ) from exc
     for model in models.values():
         model.predict_proba(features)

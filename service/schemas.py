@@ -52,6 +52,9 @@ class PredictResponse(BaseModel):
     strategy: str = Field(description="name of the strategy that planned the request")
     model_version: str
     answered_by: str = Field(description="id of the model that answered")
+    path: list[list[str]] | None = Field(
+        default=None, description="states visited (features acquired) by graph strategies"
+    )
     deadline_exceeded: bool = Field(
         description="the measured cost passed the budget (extraction stopped as soon as it did)"
     )

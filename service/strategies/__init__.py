@@ -1,6 +1,7 @@
 """Strategy runtimes; importing this package registers the built-in kinds."""
 
+from service.strategies import dag as dag
 from service.strategies import greedy as greedy
 from service.strategies import polydom as polydom
 
-__all__ = ["greedy", "polydom"]
+__all__ = ["dag", "greedy", "polydom"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -68,6 +69,10 @@ class Session(ABC):
     @abstractmethod
     def fallback(self, obs: Observation) -> Answer:
         """The best answer from the features in hand (the budget has run out)."""
+
+    def path(self) -> list[list[str]] | None:
+        """The states visited, for strategies that walk a graph of states (else None)."""
+        return None
 
 
 class Calibration(Protocol):
@@ -124,9 +129,15 @@ class StrategyRuntime(ABC):
     kind: ClassVar[str]
 
     def __init__(
-        self, manifest: Manifest, spec: Any, models: dict[str, LoadedModel], costs: CostModel
+        self,
+        manifest: Manifest,
+        spec: Any,
+        models: dict[str, LoadedModel],
+        costs: CostModel,
+        bundle_dir: Path | None = None,
     ) -> None:
         self.manifest = manifest
+        self.bundle_dir = bundle_dir
         self.spec = spec
         self.name: str = spec.name
         self.models = models

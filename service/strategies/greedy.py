@@ -9,6 +9,7 @@ budget, and the model of the longest prefix in hand answers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from service.bundle import GreedyStrategy, Manifest
@@ -64,8 +65,9 @@ class GreedyRuntime(StrategyRuntime):
         spec: Any,
         models: dict[str, LoadedModel],
         costs: CostModel,
+        bundle_dir: Path | None = None,
     ) -> None:
-        super().__init__(manifest, spec, models, costs)
+        super().__init__(manifest, spec, models, costs, bundle_dir)
         assert isinstance(spec, GreedyStrategy)
         self.reference_size = spec.reference_size
         self.sequences = [(list(s.features), list(s.models)) for s in spec.sequences]

@@ -21,6 +21,7 @@ the candidates) it scans the candidates with their current predicted costs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,8 +111,9 @@ class PolyDomRuntime(StrategyRuntime):
         spec: Any,
         models: dict[str, LoadedModel],
         costs: CostModel,
+        bundle_dir: Path | None = None,
     ) -> None:
-        super().__init__(manifest, spec, models, costs)
+        super().__init__(manifest, spec, models, costs, bundle_dir)
         assert isinstance(spec, PolyDomStrategy)
         self.anytime = spec.anytime
         self.size_domain = spec.size_domain

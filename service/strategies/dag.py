@@ -1,0 +1,182 @@
+"""Adaptive sensor acquisition on a DAG of states (paper 000) as a strategy runtime.
+
+Each state (a set of acquired groups) has a classifier and a policy: a filter tree whose
+internal nodes are linear decisions on the values acquired so far. Per request the runtime
+picks the most accurate operating point of the trade-off sweep whose average cost fits the
+budget, then walks the DAG from the empty state: the policy chooses to stop and classify or
+to acquire a group; groups are acquired through the extractor plugins (cached ones cost
+nothing) and the budget is a hard cap — an acquisition that does not fit what is left stops
+the walk and the current state's classifier answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from service.bundle import DagPolicy, DagStrategy, Manifest
+from service.errors import BundleError
+from service.inference import LoadedModel
+from service.strategies.base import (
+    Acquire,
+    Answer,
+    CostModel,
+    Observation,
+    Session,
+    Step,
+    StrategyRuntime,
+    register_strategy,
+)
+from service.types import FloatVector
+
+
+class _Policy:
+    """One operating point: its ONNX logits model and the trees of its states."""
+
+    def __init__(self, spec: DagPolicy, runtime: DagRuntime) -> None:
+        self.spec = spec
+        self.states = {s.groups: s for s in spec.states}
+        if runtime.bundle_dir is None:
+            raise BundleError("a DAG strategy needs its bundle folder to load its policies")
+        path = runtime.bundle_dir / spec.file
+        if not path.is_file():
+            raise BundleError(f"DAG policy file {spec.file!r} is missing")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self.input = self.session.get_inputs()[0].name
+        width = self.session.get_inputs()[0].shape[-1]
+        if isinstance(width, int) and width != runtime.input_width:
+            raise BundleError(
+                f"DAG policy {spec.file!r} takes {width} inputs, the strategy declares "
+                f"{runtime.input_width}"
+            )
+
+    def logits(self, x: FloatVector) -> FloatVector:
+        out = self.session.run(None, {self.input: x.reshape(1, -1)})[0]
+        result: FloatVector = np.asarray(out, dtype=np.float32)[0]
+        return result
+
+    def action(self, state: int, x: FloatVector) -> int:
+        tree = self.states[state].tree
+        if not tree:
+            return 0
+        logits = self.logits(x) if any(n.logit is not None for n in tree) else None
+        node = 0
+        while True:
+            spec = tree[node]
+            if spec.logit is not None:
+                assert logits is not None
+                right = bool(logits[spec.logit] > 0)
+            else:
+                right = bool(spec.constant)
+            child = spec.right if right else spec.left
+            if child < 0:
+                return -child - 1
+            node = child
+
+
+class DagSession(Session):
+    def __init__(
+        self, runtime: DagRuntime, policy: _Policy, per_feature: dict[str, float]
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.per_feature = per_feature
+        self.planned = policy.spec.mean_cost
+        self.state = 0
+        self.visited = [0]
+        self.pending: list[str] = []
+        self.target = 0
+
+    def _answer(self) -> Answer:
+        return Answer(self.policy.states[self.state].model)
+
+    def step(self, obs: Observation) -> Step:
+        rt = self.runtime
+        in_hand = obs.features
+        if not self.pending:
+            action = self.policy.action(self.state, rt.input_vector(in_hand))
+            if action == 0:
+                return self._answer()
+            group = action - 1
+            self.target = self.state | (1 << group)
+            self.pending = [f for f in rt.groups[group] if f not in in_hand]
+            cost = sum(self.per_feature[f] for f in self.pending)
+            if cost > obs.remaining or self.target not in self.policy.states:
+                self.pending = []
+                return self._answer()  # the budget is a hard cap
+        while self.pending and self.pending[0] in in_hand:
+            self.pending.pop(0)
+        if self.pending:
+            return Acquire(self.pending[0])
+        self.state = self.target
+        self.visited.append(self.state)
+        return self.step(obs)
+
+    def fallback(self, obs: Observation) -> Answer:
+        return self._answer()
+
+    def path(self) -> list[list[str]]:
+        return [self.runtime.state_features(s) for s in self.visited]
+
+
+@register_strategy
+class DagRuntime(StrategyRuntime):
+    kind = "dag"
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        spec: Any,
+        models: dict[str, LoadedModel],
+        costs: CostModel,
+        bundle_dir: Path | None = None,
+    ) -> None:
+        super().__init__(manifest, spec, models, costs, bundle_dir)
+        assert isinstance(spec, DagStrategy)
+        self.groups = [list(g) for g in spec.groups]
+        dims = {e.name: e.dims for e in manifest.extractors}
+        self.offsets: dict[str, int] = {}
+        width = 0
+        for name in spec.inputs:
+            self.offsets[name] = width
+            width += dims[name]
+        self.dims = dims
+        self.input_width = width
+        # Cheapest operating point first; ``choose`` takes the most accurate that fits.
+        self.policies = sorted((_Policy(p, self) for p in spec.policies),
+                               key=lambda p: (p.spec.mean_cost, p.spec.error))
+
+    def input_vector(self, features: Any) -> FloatVector:
+        x = np.zeros(self.input_width, dtype=np.float32)
+        for name, offset in self.offsets.items():
+            vector = features.get(name)
+            if vector is not None:
+                x[offset : offset + self.dims[name]] = vector
+        return x
+
+    def state_features(self, state: int) -> list[str]:
+        out: list[str] = []
+        for g, group in enumerate(self.groups):
+            if state >> g & 1:
+                out.extend(f for f in group if f not in out)
+        return out
+
+    def choose(self, budget: float) -> _Policy:
+        fitting = [p for p in self.policies if p.spec.mean_cost <= budget]
+        if not fitting:
+            return self.policies[0]
+        return min(fitting, key=lambda p: (p.spec.error, p.spec.mean_cost))
+
+    def answerable(self) -> list[str]:
+        return sorted({s.model for p in self.policies for s in p.spec.states})
+
+    def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
+        return DagSession(self, self.choose(budget), self.costs.at(size))
