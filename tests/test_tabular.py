@@ -1,0 +1,59 @@
+"""Tabular items and the 'sensor' extractor plugin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.bundle import ItemSpec
+from service.errors import InvalidItem
+from service.extractors.base import ExtractorBroken, available_extractors, create_extractor
+from service.extractors.sensor import Sensor
+from service.items import make_decoder
+
+SPEC = ItemSpec(kind="tabular", columns=["a", "b", "c"])
+
+
+def test_sensor_is_registered_and_reads_its_columns_in_order() -> None:
+    assert available_extractors()["sensor"] is Sensor
+    sensor = create_extractor("sensor", "1", {"columns": ["c", "a"]})
+    assert sensor.dims == 2
+    vec = sensor.extract({"a": 1.0, "b": 2.0, "c": 3.5})
+    assert vec.dtype == np.float32 and vec.tolist() == [3.5, 1.0]
+
+
+@pytest.mark.parametrize("params", [{}, {"columns": []}, {"columns": ["a", "a"]},
+                                    {"columns": [""]}])
+def test_sensor_rejects_bad_columns(params: dict[str, object]) -> None:
+    with pytest.raises(ExtractorBroken, match="sensor"):
+        create_extractor("sensor", "1", params)
+
+
+def test_sensor_names_a_missing_column() -> None:
+    with pytest.raises(ValueError, match="'z'"):
+        Sensor(columns=["z"]).extract({"a": 1.0})
+
+
+def test_tabular_decoder_accepts_values_and_keys_by_id_or_content() -> None:
+    decoder = make_decoder(SPEC, 1)
+    item = decoder.decode({"values": {"a": 1, "b": 2.5, "c": -3, "extra": 9}})
+    assert item.size == 1 and item.data == {"a": 1.0, "b": 2.5, "c": -3.0}
+    same = decoder.decode({"values": {"c": -3, "b": 2.5, "a": 1}})
+    assert item.key == same.key and item.key.startswith("h:")
+    assert decoder.decode({"id": "row-7", "values": {"a": 1, "b": 2, "c": 3}}).key == "id:row-7"
+
+
+@pytest.mark.parametrize(
+    ("item", "mentions"),
+    [
+        ({"values": {"a": 1, "b": 2}}, "c"),
+        ({"values": {"a": 1, "b": 2, "c": float("nan")}}, "non-finite"),
+        ({"values": {"a": 1, "b": 2, "c": "x"}}, "values.c"),
+        ({"values": {}}, "values"),
+        ({"png_base64": "AAAA"}, "values"),
+        ([1, 2, 3], "list"),
+    ],
+)
+def test_tabular_decoder_rejects_bad_items(item: object, mentions: str) -> None:
+    with pytest.raises(InvalidItem, match=mentions):
+        make_decoder(SPEC, 1).decode(item)
