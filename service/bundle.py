@@ -154,6 +154,11 @@ class GreedyStrategy(_Strict):
 
     kind: Literal["greedy"] = "greedy"
     name: str = "greedy"
+    selection: Literal["item", "reference"] = Field(
+        default="item",
+        description="item: the sequence whose affordable prefix at the item's size is the "
+        "most accurate; reference: the paper's choice on the skyline at reference_size",
+    )
     reference_size: float = Field(gt=0)
     sequences: list[GreedySequenceSpec] = Field(min_length=1)
     skyline: list[tuple[int, int]] = Field(
@@ -162,6 +167,9 @@ class GreedyStrategy(_Strict):
 
     @model_validator(mode="after")
     def _skyline_in_range(self) -> GreedyStrategy:
+        for sequence in self.sequences:
+            if len(set(sequence.features)) != len(sequence.features):
+                raise ValueError(f"greedy sequence {sequence.features} repeats a feature")
         for seq, length in self.skyline:
             if not (0 <= seq < len(self.sequences)) or not (
                 0 <= length <= len(self.sequences[seq].features)
@@ -333,9 +341,25 @@ class Manifest(_Strict):
             raise ValueError(f"duplicate strategy names in {names}")
         if self.default_strategy not in names:
             raise ValueError(f"default_strategy {self.default_strategy!r} is not one of {names}")
+        features_of = {m.id: set(m.features) for m in self.models}
         for strategy in self.strategies:
             if isinstance(strategy, DagStrategy) and not set(strategy.inputs) <= set(dims):
                 raise ValueError(f"strategy {strategy.name!r} reads undeclared extractors")
+            if isinstance(strategy, GreedyStrategy):
+                for sequence in strategy.sequences:
+                    if not set(sequence.features) <= set(dims):
+                        raise ValueError(
+                            f"strategy {strategy.name!r}: sequence {sequence.features} names "
+                            "undeclared extractors"
+                        )
+                    for k, model_id in enumerate(sequence.models):
+                        if model_id in features_of and features_of[model_id] != set(
+                            sequence.features[:k]
+                        ):
+                            raise ValueError(
+                                f"strategy {strategy.name!r}: model {model_id!r} does not use "
+                                f"exactly the first {k} features of its sequence"
+                            )
             missing = sorted(_referenced_models(strategy) - known)
             if missing:
                 raise ValueError(f"strategy {strategy.name!r} references unknown models {missing}")

@@ -230,8 +230,11 @@ class CostCalibrator:
         """Multiplicative correction of ``extractor``'s profiled curve at size ``n``.
 
         The ``quantile`` of the ratios in ``n``'s bucket if it has ``min_samples``; else of the
-        extractor-wide window if that has ``min_samples``; else 1.0. Also 1.0 when disabled
-        or for unknown extractors.
+        extractor-wide window if that has ``min_samples``; else the bundle-wide prior (the
+        median of the extractor-wide factors that have data: a machine that is faster or
+        slower overall shifts every curve, including those of extractors the planner stopped
+        choosing, which would otherwise never be timed again); else 1.0. Also 1.0 when
+        disabled or for unknown extractors.
         """
         if not self._enabled:
             return 1.0
@@ -239,7 +242,20 @@ class CostCalibrator:
         if state is None:
             return 1.0
         ring = self._ring_for(state, n)
-        return 1.0 if ring is None else self._value(ring)
+        return self.prior() if ring is None else self._value(ring)
+
+    def prior(self) -> float:
+        """The median extractor-wide factor over the extractors with enough samples (1.0 if
+        none)."""
+        values = sorted(
+            self._value(state.wide)
+            for state in self._states.values()
+            if state.wide.count >= self._min_samples
+        )
+        if not values:
+            return 1.0
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
     def profiled_cost(self, extractor: str, n: float) -> float:
         """The bundle's curve at ``n``. KeyError for unknown extractors."""
@@ -252,14 +268,7 @@ class CostCalibrator:
         same floor used to form the ratios), so an all-zero curve calibrates to the measured
         cost instead of staying 0.
         """
-        state = self._states[extractor]
-        base = state.profiled(n)
-        if not self._enabled:
-            return base
-        ring = self._ring_for(state, n)
-        if ring is None:
-            return base
-        return max(base, _TINY_MS) * self._value(ring)
+        return self._states[extractor].profiled(n) * self.factor(extractor, n)
 
     def costs_at(self, n: float) -> dict[str, float]:
         """Every extractor's calibrated cost at size ``n``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -58,6 +58,15 @@ class Settings(BaseSettings):
     calibration_min_samples: int = Field(
         default=30, ge=1, description="samples a bucket needs before its correction is used"
     )
+    @model_validator(mode="after")
+    def _calibration_window(self) -> Settings:
+        if self.calibration_min_samples > self.calibration_window:
+            raise ValueError(
+                f"BUDGETSERVE_CALIBRATION_MIN_SAMPLES ({self.calibration_min_samples}) must not "
+                f"exceed BUDGETSERVE_CALIBRATION_WINDOW ({self.calibration_window})"
+            )
+        return self
+
     overhead_reserve_ms: float = Field(
         default=0.5,
         ge=0,

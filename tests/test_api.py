@@ -457,7 +457,8 @@ def test_costs_endpoint_reports_profiled_and_calibrated(
 
 
 def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: Path) -> None:
-    # The tiny bundle believes hog costs ~0.02 ms at any size; at 512 px it takes several ms.
+    # The tiny bundle believes hog costs ~0.02 ms at any size; at 512 px it takes ~8 ms, so
+    # a 5 ms budget that plans hog always overruns, and one that avoids it has ample slack.
     # Static Poly-Dom with calibration off keeps planning hog and overruns; with calibration
     # on, after a few samples the planner learns the real cost and stops overrunning.
     image = png_b64(np.tile(digit_image(8, 64), (8, 8)))  # 512 x 512
@@ -467,7 +468,7 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
                                 calibration=calibrate, calibration_min_samples=5)
         with client:
             bodies = [
-                predict(client, model="tiny", budget=2.0, strategy="polydom",
+                predict(client, model="tiny", budget=5.0, strategy="polydom",
                         item={"png_base64": image, "id": f"cal-{calibrate}-{i}"})[1]
                 for i in range(30)
             ]

@@ -103,6 +103,8 @@ def test_shipped_digits_index_is_within_epsilon_of_its_expanded_sets(
         }
         budget = float(rng.uniform(0.0, 1.1 * max(set_cost.values())))
         best = max(a for sid, a in expanded.items() if set_cost[sid] <= budget)
-        chosen, planned = runtime.plan(int(n), budget, frozenset())  # type: ignore[attr-defined]
+        chosen, planned = runtime.plan(  # type: ignore[attr-defined]
+            int(n), budget, frozenset(), bundle.costs.at(int(n))
+        )
         assert planned <= budget + 1e-9
         assert manifest.model(chosen).accuracy >= best - epsilon - 1e-12, (n, budget, chosen)

@@ -29,6 +29,7 @@ from sklearn.base import clone
 from sklearn.model_selection import StratifiedKFold, cross_val_score
 
 from service.bundle import (
+    AnyStrategy,
     CostPolynomial,
     ExtractorSpec,
     GreedySequenceSpec,
@@ -361,7 +362,7 @@ def mask_features(names: Sequence[str], mask: int) -> list[str]:
 
 def make_strategies(
     names: Sequence[str], polydom: PolyDom, greedy_fits: dict[str, GreedySequences]
-) -> list[PolyDomStrategy | GreedyStrategy]:
+) -> list[AnyStrategy]:
     """The manifest entries of fitted strategies (feature bit i = ``names[i]``): anytime and
     static Poly-Dom sharing one index, then one entry per greedy variant."""
 
@@ -382,7 +383,7 @@ def make_strategies(
         ),
         stats={k: float(v) for k, v in polydom.stats_.as_dict().items()},
     )
-    strategies: list[PolyDomStrategy | GreedyStrategy] = [
+    strategies: list[AnyStrategy] = [
         static.model_copy(update={"name": "polydom-anytime", "anytime": True}),
         static,
     ]

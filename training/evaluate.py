@@ -86,7 +86,7 @@ def evaluate_bundle(
                     start = time.perf_counter()
                     run = execute(bundle, item, budget, {}, start, reserve_ms=reserve,
                                   runtime=runtime)
-                    spent[name].append(run.spent_ms)
+                    spent[name].append(run.spent)
                     correct[name] += int(classes[int(np.argmax(run.probabilities))] == str(label))
                     overruns[name] += int(run.over_budget(budget))
                     expected[name].append(bundle.manifest.model(run.answer).accuracy)

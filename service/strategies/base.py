@@ -102,6 +102,14 @@ class CostModel:
         """Whether live corrections are in force (profiled curves no longer the truth)."""
         return self.calibration is not None and self.calibration.active
 
+    def factors_at(self, n: float) -> dict[str, float]:
+        """The calibration factor of every extractor at size ``n`` (1.0 uncalibrated)."""
+        if self.calibrated:
+            assert self.calibration is not None
+            factors = self.calibration.factors_at(n)
+            return {k: factors.get(k, 1.0) for k in self.names}
+        return dict.fromkeys(self.names, 1.0)
+
     def profiled_at(self, n: float) -> dict[str, float]:
         values = np.asarray(horner(self.coefficients, n))
         return dict(zip(self.names, values.tolist(), strict=True))
@@ -110,9 +118,8 @@ class CostModel:
         """Every extractor's predicted cost at size ``n`` (calibrated when available)."""
         costs = self.profiled_at(n)
         if self.calibrated:
-            assert self.calibration is not None
-            factors = self.calibration.factors_at(n)
-            return {k: v * factors.get(k, 1.0) for k, v in costs.items()}
+            factors = self.factors_at(n)
+            return {k: v * factors[k] for k, v in costs.items()}
         return costs
 
     def set_coefficients(self, features: Sequence[str]) -> npt.NDArray[np.float64]:

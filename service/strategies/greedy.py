@@ -1,10 +1,17 @@
 """Greedy, Greedy-Acc and Greedy-Cost (paper 002, Alg. 4) as an anytime strategy runtime.
 
 Offline, each λ of a grid gave a sequence of features (add the one maximising
-Δaccuracy − λ·Δcost at a reference size) and a model per prefix. Online, the budget picks a
-sequence on the skyline at the reference size; then the sequence's features are added in
-order while the next one's predicted cost *at this item's size* fits the measured remaining
-budget, and the model of the longest prefix in hand answers.
+Δaccuracy − λ·Δcost at a reference size) and a model per prefix. Online, a sequence is
+chosen, then its features are added in order while the next one's predicted cost *at this
+item's size* fits the measured remaining budget, and the model of the longest prefix in
+hand answers.
+
+Choosing the sequence: the paper picks it on the skyline at the reference size
+(``selection = "reference"``). That choice ignores the item's size: on a much larger item
+the chosen sequence's first feature may not fit and the answer falls back to the prior,
+so a bigger budget can buy *less* accuracy. By default (``selection = "item"``) the
+sequence is the one whose longest affordable prefix at this item's size (cached features
+free) is the most accurate — what the skyline at that size promises.
 """
 
 from __future__ import annotations
@@ -33,11 +40,19 @@ class GreedySession(Session):
         models: list[str],
         per_feature: dict[str, float],
         planned: float,
+        accuracy: dict[str, float],
     ) -> None:
         self.features = features
         self.models = models
         self.per_feature = per_feature
         self.planned = planned
+        # Accuracy need not rise along a sequence: answer with the best prefix in hand.
+        self.best_upto = []
+        best = models[0]
+        for model in models:
+            if accuracy[model] > accuracy[best]:
+                best = model
+            self.best_upto.append(best)
 
     def _prefix(self, in_hand: Any) -> int:
         k = 0
@@ -49,10 +64,10 @@ class GreedySession(Session):
         k = self._prefix(obs.features)
         if k < len(self.features) and self.per_feature[self.features[k]] <= obs.remaining:
             return Acquire(self.features[k])
-        return Answer(self.models[k])
+        return Answer(self.best_upto[k])
 
     def fallback(self, obs: Observation) -> Answer:
-        return Answer(self.models[self._prefix(obs.features)])
+        return Answer(self.best_upto[self._prefix(obs.features)])
 
 
 @register_strategy
@@ -69,6 +84,7 @@ class GreedyRuntime(StrategyRuntime):
     ) -> None:
         super().__init__(manifest, spec, models, costs, bundle_dir)
         assert isinstance(spec, GreedyStrategy)
+        self.selection = spec.selection
         self.reference_size = spec.reference_size
         self.sequences = [(list(s.features), list(s.models)) for s in spec.sequences]
         self.skyline_entries = list(spec.skyline)
@@ -76,25 +92,41 @@ class GreedyRuntime(StrategyRuntime):
     def answerable(self) -> list[str]:
         return sorted({m for _, models in self.sequences for m in models})
 
-    def choose(self, budget: float) -> int:
-        """The sequence of the skyline entry with the largest cost <= budget at the reference
-        size (the cheapest entry's when none fits)."""
-        at_ref = self.costs.at(self.reference_size)
-        chosen = self.skyline_entries[0][0]
-        for seq, length in self.skyline_entries:  # accuracy rises along the skyline
-            features = self.sequences[seq][0][:length]
-            if sum(at_ref[f] for f in features) <= budget:
-                chosen = seq
-        return chosen
-
-    def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        features, models = self.sequences[self.choose(budget)]
-        per_feature = self.costs.at(size)
-        planned, k = 0.0, 0
+    @staticmethod
+    def _affordable(
+        features: list[str], budget: float, per_feature: dict[str, float], in_hand: Any
+    ) -> tuple[int, float]:
+        """Length and predicted cost of the longest prefix that fits ``budget``."""
+        spent, k = 0.0, 0
         while k < len(features):
             cost = 0.0 if features[k] in in_hand else per_feature[features[k]]
-            if planned + cost > budget:
+            if spent + cost > budget:
                 break
-            planned += cost
+            spent += cost
             k += 1
-        return GreedySession(features, models, per_feature, planned)
+        return k, spent
+
+    def choose(
+        self, budget: float, per_feature: dict[str, float], in_hand: frozenset[str]
+    ) -> int:
+        if self.selection == "reference":
+            # Paper: the skyline entry with the largest cost <= budget at the reference size.
+            at_ref = self.costs.at(self.reference_size)
+            chosen = self.skyline_entries[0][0]
+            for seq, length in self.skyline_entries:  # accuracy rises along the skyline
+                if sum(at_ref[f] for f in self.sequences[seq][0][:length]) <= budget:
+                    chosen = seq
+            return chosen
+        best, best_key = 0, (-1.0, 0.0)
+        for i, (features, models) in enumerate(self.sequences):
+            k, cost = self._affordable(features, budget, per_feature, in_hand)
+            key = (max(self.accuracy[m] for m in models[: k + 1]), -cost)
+            if key > best_key:
+                best, best_key = i, key
+        return best
+
+    def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
+        per_feature = self.costs.at(size)
+        features, models = self.sequences[self.choose(budget, per_feature, in_hand)]
+        _, planned = self._affordable(features, budget, per_feature, in_hand)
+        return GreedySession(features, models, per_feature, planned, self.accuracy)

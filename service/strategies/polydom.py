@@ -41,6 +41,7 @@ from service.strategies.base import (
 from service.strategies.polydom_index import CompiledIndex
 
 _REL_TOLERANCE = 1e-9
+_UNIFORM_FACTORS = 0.02  # calibration factors within 2 % of each other count as uniform
 
 
 class StaticSession(Session):
@@ -81,21 +82,25 @@ class AnytimeSession(Session):
         rt = self.runtime
         in_hand = frozenset(obs.features)
         if in_hand != self._planned_with:  # an extraction finished: re-plan with what is left
-            self.target, _ = rt.plan(self.size, obs.remaining, in_hand, self.per_feature)
+            self.target, _ = rt.scan(obs.remaining, in_hand, self.per_feature)
             self._planned_with = in_hand
         target = self.target
         missing = [f for f in rt.model_features[target] if f not in in_hand]
         best_now = rt.best_computable(in_hand)
-        if not missing or rt.accuracy[best_now] >= rt.accuracy[target]:
-            return Answer(best_now if rt.accuracy[best_now] > rt.accuracy[target] else target)
-        # Keep every prefix a good answer: add the feature that makes the best model.
-        return Acquire(
-            max(
-                missing,
-                key=lambda f: (rt.accuracy[rt.best_computable(in_hand | {f})],
-                               -self.per_feature[f], f),
-            )
-        )
+        base = rt.accuracy[best_now]
+        if not missing:  # both are computable: the better one answers
+            return Answer(target if rt.accuracy[target] > base else best_now)
+        if base >= rt.accuracy[target]:
+            return Answer(best_now)
+
+        # Keep every prefix a good answer: next, the feature that buys the most accuracy
+        # (of the best model computable once it is in hand) per predicted millisecond.
+        def value(f: str) -> tuple[float, float, str]:
+            gain = rt.accuracy[rt.best_computable(in_hand | {f})] - base
+            cost = self.per_feature[f]
+            return (gain / max(cost, 1e-9), -cost, f)
+
+        return Acquire(max(missing, key=value))
 
     def fallback(self, obs: Observation) -> Answer:
         return Answer(self.runtime.best_computable(set(obs.features)))
@@ -144,42 +149,59 @@ class PolyDomRuntime(StrategyRuntime):
                 return model
         raise LookupError("bundle has no model computable from the features in hand")
 
+    def index_scale(self, size: int, in_hand: frozenset[str]) -> float | None:
+        """When the index can plan this request: the factor to divide the budget by (1 with
+        the profiled curves; the common factor when calibration scaled every extractor
+        alike at this size), else None (features in hand change costs, the size is outside
+        the index's domain, or calibration reordered the extractors' costs)."""
+        if in_hand or not self.size_domain[0] <= size <= self.size_domain[1]:
+            return None
+        if not self.costs.calibrated:
+            return 1.0
+        factors = list(self.costs.factors_at(size).values())
+        low, high = min(factors), max(factors)
+        if low > 0 and high / low <= 1.0 + _UNIFORM_FACTORS:
+            return (low + high) / 2.0
+        return None
+
     def plan(
-        self,
-        size: int,
-        budget: float,
-        in_hand: frozenset[str],
-        per_feature: dict[str, float] | None = None,
+        self, size: int, budget: float, in_hand: frozenset[str], per_feature: dict[str, float]
     ) -> tuple[str, float]:
-        """The candidate to answer with and its predicted cost (of the features not in
-        hand) within ``budget``."""
-        use_index = (
-            not in_hand
-            and per_feature is None
-            and not self.costs.calibrated
-            and self.size_domain[0] <= size <= self.size_domain[1]
-        )
-        per_feature = self.costs.at(size) if per_feature is None else per_feature
-        if use_index:
-            pos = self.index.lookup(size, budget)
-            if pos is None:
-                return self._fallback_model, 0.0
-            target = self.candidates[pos]
-            return target, sum(per_feature[f] for f in self.model_features[target])
+        """The model to answer with and its predicted cost (of the features not in hand)
+        within ``budget``: two binary searches in the index when it applies, else a scan."""
+        scale = self.index_scale(size, in_hand)
+        if scale is None:
+            return self.scan(budget, in_hand, per_feature)
+        pos = self.index.lookup(size, budget / scale)
+        if pos is None:
+            return self._fallback_model, 0.0
+        target = self.candidates[pos]
+        return target, sum(per_feature[f] for f in self.model_features[target])
+
+    def scan(
+        self, budget: float, in_hand: frozenset[str], per_feature: dict[str, float]
+    ) -> tuple[str, float]:
+        """The most accurate of the bundle's models whose missing features fit ``budget``
+        (features in hand are free). Every exported model is scanned, not only the
+        candidates: they were pruned under the profiled costs, which no longer hold here."""
         # Re-planning subtracts measured costs from the budget and sums predicted ones in
         # another order: compare with a relative tolerance so that float rounding alone
         # never makes an exactly affordable set unaffordable.
-        limit = budget + _REL_TOLERANCE * max(abs(budget), 1.0)
+        # Models whose features are all in hand cost nothing and fit even an exhausted budget.
+        limit = max(budget, 0.0) + _REL_TOLERANCE * max(abs(budget), 1.0)
         best, best_cost, best_acc = self._fallback_model, 0.0, -1.0
-        for model_id, acc in zip(self.candidates, self._candidate_acc, strict=True):
-            cost = sum(per_feature[f] for f in self.model_features[model_id] if f not in in_hand)
-            if cost <= limit and acc > best_acc:
+        for model_id, features in self.model_features.items():
+            acc = self.accuracy[model_id]
+            if acc <= best_acc:
+                continue
+            cost = sum(per_feature[f] for f in features if f not in in_hand)
+            if cost <= limit:
                 best, best_cost, best_acc = model_id, cost, acc
         return best, best_cost
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        target, planned = self.plan(size, budget, in_hand)
         per_feature = self.costs.at(size)
+        target, planned = self.plan(size, budget, in_hand, per_feature)
         if self.anytime:
             return AnytimeSession(self, size, per_feature, target, planned, in_hand)
         order = sorted(
