@@ -119,9 +119,10 @@ def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
         f"log-uniform in [{LOW:g}, {HIGH:g}] ms were served in the same order through the "
         "serving code path (`service.execution.execute`, 0.5 ms overhead reserve), each "
         "configuration starting from a freshly loaded bundle. Calibration: per extractor and "
-        "size bucket (powers of 2 of n), the p95 of measured/profiled time over the last 256 samples, used once a "
-        "bucket has 30 samples (else the extractor-wide estimate, else the median over "
-        "extractors). *Expected accuracy* is the cross-validated accuracy of the models "
+        "size bucket (powers of 2 of n), the p95 of measured/profiled time over the last 256 "
+        "samples, used once a bucket has 30 samples (else the extractor-wide estimate, else "
+        "the median over extractors). *Expected accuracy* is the cross-validated accuracy of "
+        "the models "
         "that answered (less noisy than the test accuracy of 600 items).",
         "",
         f"Share of requests over budget per window of {window} requests:",
