@@ -202,6 +202,11 @@ class DagNode(_Strict):
 class DagState(_Strict):
     groups: int = Field(ge=0, description="bitmask of the groups acquired in this state")
     model: str = Field(description="the classifier that answers in this state")
+    transitions: list[int] = Field(
+        default_factory=list,
+        description="next state (groups bitmask) of each acquisition action, in action order "
+        "(action a >= 1 leads to transitions[a - 1])",
+    )
     tree: list[DagNode] = Field(
         default_factory=list, description="filter tree over the actions; empty: always stop"
     )
@@ -244,10 +249,16 @@ class DagStrategy(_Strict):
             for state in policy.states:
                 if state.groups & ~full:
                     raise ValueError(f"DAG state {state.groups} names unknown groups")
+                for target in state.transitions:
+                    if target not in states or target & state.groups != state.groups:
+                        raise ValueError(
+                            f"DAG state {state.groups}: transition to {target} is not a "
+                            "larger state of the policy"
+                        )
                 for node in state.tree:
                     for child in (node.left, node.right):
                         if child >= len(state.tree) or (
-                            child < 0 and (-child - 1) > len(self.groups)
+                            child < 0 and (-child - 1) > len(state.transitions)
                         ):
                             raise ValueError(f"DAG node child {child} is out of range")
         return self

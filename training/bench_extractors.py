@@ -92,7 +92,9 @@ def _accuracies(
 
 def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
     started = time.perf_counter()
-    registry = available_extractors()
+    registry = {
+        name: cls for name, cls in available_extractors().items() if cls.item_kind == "image"
+    }
     names = [n for n in ORDER if n in registry] + sorted(set(registry) - set(ORDER))
     extractors: dict[str, Extractor] = {name: registry[name]() for name in names}
 

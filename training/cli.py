@@ -167,6 +167,40 @@ def plot(
 
 
 @app.command()
+def dag(
+    csv_path: Annotated[Path, typer.Option("--csv", help="data, one row per item",
+                                           exists=True, dir_okay=False)],
+    spec_path: Annotated[Path, typer.Option("--spec", help="sensors and costs (JSON or YAML)",
+                                            exists=True, dir_okay=False)],
+    out: Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")] = None,
+) -> None:
+    """Build a DAG bundle (adaptive sensor acquisition, paper 000) from a CSV and a spec.
+
+    The spec names the label column, the sensors (name -> columns), their costs in `unit`,
+    the cost trade-offs to sweep (`cost_scales`) and, for many sensors, `n_subsets` (Alg. 2).
+    """
+    from training.dag_bundle import DagSpec, build_dag_bundle, read_csv
+
+    try:
+        spec = DagSpec.load(spec_path)
+        x, y, columns = read_csv(csv_path, spec)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    target = out or Path("models") / spec.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with console.status(f"training {len(spec.cost_scales)} operating points on {len(y)} rows"):
+        result = build_dag_bundle(target, spec, x, y, columns)
+    table = Table("cost scale", "val cost", "val error", "test cost", "test error",
+                  title=f"{spec.name}: DAG operating points ({spec.unit})")
+    for p in result.points:
+        table.add_row(f"{p['cost_scale']:g}", f"{p['validation_cost']:.2f}",
+                      f"{p['validation_error']:.3f}", f"{p['test_cost']:.2f}",
+                      f"{p['test_error']:.3f}")
+    console.print(table)
+    console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
+
+
+@app.command()
 def sample(
     side: Annotated[int, typer.Option(min=8, max=2048, help="image side in pixels")] = 64,
     index: Annotated[int, typer.Option(min=0, max=1796, help="which scikit-learn digit")] = 0,

@@ -105,11 +105,10 @@ class DagSession(Session):
             action = self.policy.action(self.state, rt.input_vector(in_hand))
             if action == 0:
                 return self._answer()
-            group = action - 1
-            self.target = self.state | (1 << group)
-            self.pending = [f for f in rt.groups[group] if f not in in_hand]
+            self.target = self.policy.states[self.state].transitions[action - 1]
+            self.pending = [f for f in rt.state_features(self.target) if f not in in_hand]
             cost = sum(self.per_feature[f] for f in self.pending)
-            if cost > obs.remaining or self.target not in self.policy.states:
+            if cost > obs.remaining:
                 self.pending = []
                 return self._answer()  # the budget is a hard cap
         while self.pending and self.pending[0] in in_hand:

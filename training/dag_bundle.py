@@ -1,0 +1,381 @@
+"""Build a DAG bundle (paper 000) from tabular data: sensors with declared costs, a sweep of
+the cost trade-off, every classifier and policy exported to ONNX and checked.
+
+The bundle's items are ``{"values": {column: number}}``; each sensor is an instance of the
+built-in ``sensor`` extractor serving its columns at a declared cost (``cost_basis:
+"declared"``: budgets and spent costs are in the bundle's unit, not in milliseconds).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import json
+import platform
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.model_selection import train_test_split
+
+from service.bundle import (
+    CostPolynomial,
+    DagNode,
+    DagPolicy,
+    DagState,
+    DagStrategy,
+    ExtractorSpec,
+    ItemSpec,
+    Manifest,
+    ModelSpec,
+    Provenance,
+    model_id_for,
+    write_manifest,
+)
+from training.build import _libraries
+from training.dag import DagClassifier, sweep
+from training.export import export_classifier, onnx_probabilities, verify_export
+
+
+class DagExportMismatch(RuntimeError):
+    """An exported policy decides differently from the fitted one: nothing is written."""
+
+
+@dataclass
+class DagSpec:
+    """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML)."""
+
+    name: str
+    label: str
+    sensors: dict[str, list[str]]
+    costs: dict[str, float] = field(default_factory=dict)
+    unit: str = "units"
+    cost_scales: list[float] = field(
+        default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
+    )
+    n_subsets: int | None = None
+    columns: list[str] | None = None  # for a CSV without a header row
+    test_fraction: float = 0.2
+    validation_fraction: float = 0.2
+    seed: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> DagSpec:
+        text = path.read_text()
+        if path.suffix in {".yaml", ".yml"}:
+            import yaml
+
+            raw = yaml.safe_load(text)
+        else:
+            raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw)}")
+        unknown = set(raw) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        spec = cls(**raw)
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        if not self.sensors:
+            raise ValueError("the spec needs at least one sensor")
+        seen: dict[str, str] = {}
+        for sensor, columns in self.sensors.items():
+            if not columns:
+                raise ValueError(f"sensor {sensor!r} has no columns")
+            for column in columns:
+                if column in seen:
+                    raise ValueError(
+                        f"column {column!r} belongs to sensors {seen[column]!r} and {sensor!r}; "
+                        "each column may belong to one sensor"
+                    )
+                seen[column] = sensor
+        unknown = set(self.costs) - set(self.sensors)
+        if unknown:
+            raise ValueError(f"costs given for unknown sensors {sorted(unknown)}")
+        if any(not c > 0 for c in self.costs.values()):
+            raise ValueError("sensor costs must be > 0")
+        if not self.cost_scales or any(c < 0 for c in self.cost_scales):
+            raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
+
+
+def read_csv(path: Path, spec: DagSpec) -> tuple[npt.NDArray[np.float64], npt.NDArray[Any],
+                                                  list[str]]:
+    """The sensor columns as floats, the label column as strings, and the column names."""
+    with path.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    if spec.columns is not None:
+        header = list(spec.columns)
+    else:
+        header, rows = [h.strip() for h in rows[0]], rows[1:]
+    index = {name: i for i, name in enumerate(header)}
+    needed = [c for cols in spec.sensors.values() for c in cols]
+    missing = [c for c in [*needed, spec.label] if c not in index]
+    if missing:
+        raise ValueError(f"{path}: no column(s) {missing}; the file has {header}")
+    rows = [r for r in rows if r and any(cell.strip() for cell in r)]
+    try:
+        x = np.asarray([[float(r[index[c]]) for c in needed] for r in rows], dtype=np.float64)
+    except ValueError as exc:
+        raise ValueError(f"{path}: a sensor column holds a non-number: {exc}") from None
+    y = np.asarray([r[index[spec.label]].strip() for r in rows])
+    return x, y, needed
+
+
+@dataclass
+class DagBuildResult:
+    manifest: Manifest
+    path: Path
+    points: list[dict[str, float]]
+
+
+def build_dag_bundle(
+    out_dir: Path,
+    spec: DagSpec,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    columns: Sequence[str],
+    *,
+    data_fingerprint: str | None = None,
+) -> DagBuildResult:
+    """Split, sweep the cost trade-off, export, verify, write ``out_dir`` atomically."""
+    spec.check()
+    position = {c: i for i, c in enumerate(columns)}
+    sensors = {s: [position[c] for c in cols] for s, cols in spec.sensors.items()}
+    costs = {s: float(spec.costs.get(s, 1.0)) for s in spec.sensors}
+    x_rest, x_test, y_rest, y_test = train_test_split(
+        x, y, test_size=spec.test_fraction, stratify=y, random_state=spec.seed
+    )
+    x_train, x_val, y_train, y_val = train_test_split(
+        x_rest, y_rest, test_size=spec.validation_fraction / (1 - spec.test_fraction),
+        stratify=y_rest, random_state=spec.seed,
+    )
+    fits = sweep(x_train, y_train, x_val, y_val, spec.cost_scales, sensors=sensors,
+                 costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed)
+    base = fits[0][1]
+    classes = [str(c) for c in base.classes_]
+    sensor_names = list(spec.sensors)
+    # The policy input: every sensor's columns, sensors in declaration order.
+    offsets, width = {}, 0
+    for name in sensor_names:
+        offsets[name] = width
+        width += len(spec.sensors[name])
+    global_of_column = {
+        position[c]: offsets[s] + j for s in sensor_names for j, c in enumerate(spec.sensors[s])
+    }
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=out_dir.parent))
+    try:
+        models = _export_bank(tmp, base, classes, x_test)
+        policies, points = [], []
+        for i, (scale, model, val_cost, val_error) in enumerate(fits):
+            policy = _export_policy(tmp, f"policy_{i}.onnx", model, width, global_of_column)
+            _verify_policy(tmp / policy.file, policy, model, x_val, global_of_column)
+            pred, spent, _ = model.predict_with_cost(x_test)
+            test_error = float(np.mean(pred != y_test))
+            policies.append(policy.model_copy(update={
+                "cost_scale": scale, "mean_cost": val_cost, "error": val_error,
+            }))
+            points.append({"cost_scale": scale, "validation_cost": val_cost,
+                           "validation_error": val_error,
+                           "test_cost": float(np.mean(spent)), "test_error": test_error})
+        digest = hashlib.sha256()
+        for path in sorted(tmp.glob("*.onnx")):
+            digest.update(path.read_bytes())
+        manifest = Manifest(
+            name=spec.name,
+            version=f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}",
+            classes=classes,
+            cost_unit=spec.unit,
+            cost_basis="declared",
+            item=ItemSpec(kind="tabular", columns=[c for s in sensor_names
+                                                   for c in spec.sensors[s]], size_unit="row"),
+            extractors=[
+                ExtractorSpec(
+                    name=s, plugin="sensor", version="1", dims=len(spec.sensors[s]),
+                    params={"columns": list(spec.sensors[s])},
+                    cost=CostPolynomial(coefficients=[costs[s]], unit=spec.unit),
+                )
+                for s in sensor_names
+            ],
+            models=models,
+            strategies=[DagStrategy(
+                name="dag", groups=[list(g) for g in base.groups_], inputs=sensor_names,
+                policies=policies,
+            )],
+            default_strategy="dag",
+            provenance=Provenance(
+                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                data_fingerprint=data_fingerprint or _fingerprint(x, y),
+                parameters={
+                    "label": spec.label, "sensors": spec.sensors, "costs": costs,
+                    "cost_scales": spec.cost_scales, "n_subsets": spec.n_subsets,
+                    "seed": spec.seed,
+                    "rows": {"train": len(y_train), "validation": len(y_val),
+                             "test": len(y_test)},
+                    "operating_points": points,
+                },
+                libraries=_libraries(),
+                host={"platform": platform.platform(), "machine": platform.machine()},
+            ),
+        )
+        write_manifest(tmp, manifest)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return DagBuildResult(manifest, out_dir, points)
+
+
+def _fingerprint(x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
+    h.update("\n".join(map(str, y)).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _export_bank(
+    folder: Path, model: DagClassifier, classes: list[str], x_check: npt.NDArray[np.float64]
+) -> list[ModelSpec]:
+    """One ONNX classifier per state (the prior for the empty state), verified on rows."""
+    out = []
+    for state in model.states_:
+        features = model.state_sensors(state)
+        model_id = model_id_for(features)
+        fitted = model.classifiers_[state]
+        if fitted is None:
+            prior = np.asarray(model.prior_, dtype=np.float64)
+            out.append(ModelSpec(id=model_id, features=[], accuracy=1.0 - model.oof_error_[state],
+                                 prior=[float(p) for p in prior / prior.sum()], input_dims=0))
+            continue
+        cols = model.state_columns(state)
+        onnx_bytes = export_classifier(fitted, len(cols))
+        verify_export(onnx_bytes, fitted, x_check[:, cols].astype(np.float32), model_id=model_id)
+        file = f"state_{model_id.replace('+', '__')}.onnx"
+        (folder / file).write_bytes(onnx_bytes)
+        out.append(ModelSpec(id=model_id, features=features,
+                             accuracy=1.0 - float(model.oof_error_[state]), file=file,
+                             input_dims=len(cols)))
+    return out
+
+
+def _export_policy(
+    folder: Path,
+    file: str,
+    model: DagClassifier,
+    width: int,
+    global_of_column: Mapping[int, int],
+) -> DagPolicy:
+    """The policy of every state as one ONNX logits model plus filter trees."""
+    weights: list[npt.NDArray[np.float64]] = []
+    biases: list[float] = []
+    states = []
+    for state in model.states_:
+        nodes = model.policy_nodes(state)
+        cols = model.state_columns(state)
+        internal = [i for i, n in enumerate(nodes) if "action" not in n]
+        index_of = {i: k for k, i in enumerate(internal)}
+
+        def child(i: int, nodes: list[dict[str, Any]] = nodes,
+                  index_of: dict[int, int] = index_of) -> int:
+            node = nodes[i]
+            return -int(node["action"]) - 1 if "action" in node else index_of[i]
+
+        tree = []
+        for i in internal:
+            node = nodes[i]
+            if node["constant"]:
+                tree.append(DagNode(left=child(node["left"]), right=child(node["right"]),
+                                    constant=float(node["bias"]) > 0))
+                continue
+            w = np.zeros(width)
+            for j, c in enumerate(cols):
+                w[global_of_column[c]] = float(node["weights"][j])
+            weights.append(w)
+            biases.append(float(node["bias"]))
+            tree.append(DagNode(left=child(node["left"]), right=child(node["right"]),
+                                logit=len(weights) - 1))
+        states.append(DagState(
+            groups=state,
+            model=model_id_for(model.state_sensors(state)),
+            transitions=[nxt for _, nxt, _ in model.transitions(state)],
+            tree=tree,
+        ))
+    if not weights:  # every decision is constant: one unused logit keeps the graph valid
+        weights.append(np.zeros(width))
+        biases.append(0.0)
+    matrix = np.stack(weights, axis=1).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["features", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "b"], ["logits"])],
+        "dag_policy",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, matrix.shape[1]])],
+        [numpy_helper.from_array(matrix, "W"),
+         numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b")],
+    )
+    onx = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onx.ir_version = 8
+    onnx.checker.check_model(onx)
+    (folder / file).write_bytes(onx.SerializeToString())
+    return DagPolicy(cost_scale=0.0, mean_cost=0.0, error=0.0, file=file, states=states)
+
+
+def _verify_policy(
+    path: Path,
+    policy: DagPolicy,
+    model: DagClassifier,
+    x: npt.NDArray[np.float64],
+    global_of_column: Mapping[int, int],
+) -> None:
+    """Every state's exported decision (ONNX logits + tree) equals the fitted policy's on
+    ``x``, except where the fitted margin is within float32 rounding of 0."""
+    inputs = np.zeros((len(x), len(global_of_column)), dtype=np.float32)
+    for c, g in global_of_column.items():
+        inputs[:, g] = x[:, c]
+    logits = onnx_probabilities(path.read_bytes(), inputs)
+    for state_spec in policy.states:
+        state = state_spec.groups
+        cols = model.state_columns(state)
+        expected = np.asarray(model.policy_action(state, x[:, cols]))
+        walked = [_walk_tree(state_spec.tree, row) for row in logits]
+        bad = [
+            i for i, (action, margin) in enumerate(walked)
+            if action != expected[i] and margin > 1e-3
+        ]
+        if bad:
+            raise DagExportMismatch(
+                f"DAG policy {path.name}, state {state}: {len(bad)} of {len(x)} rows decide "
+                "differently after export"
+            )
+
+
+def _walk_tree(tree: list[DagNode], logits: npt.NDArray[np.float32]) -> tuple[int, float]:
+    """The action the tree takes and the smallest |logit| on the way (how close a decision
+    came to flipping)."""
+    if not tree:
+        return 0, float("inf")
+    node, closest = 0, float("inf")
+    while True:
+        spec = tree[node]
+        if spec.logit is not None:
+            value = float(logits[spec.logit])
+            closest = min(closest, abs(value))
+            right = value > 0
+        else:
+            right = bool(spec.constant)
+        child = spec.right if right else spec.left
+        if child < 0:
+            return -child - 1, closest
+        node = child
