@@ -105,3 +105,26 @@ def redis_url() -> Iterator[str]:
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+ROUTER_COLUMNS = ["r", "a1", "a2", "b1", "b2"]
+
+
+@pytest.fixture(scope="session")
+def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real DAG bundle (tabular, declared costs) on the constructed router problem: a cheap
+    sensor r says which of two expensive sensors holds the label."""
+    from training.dag_bundle import DagSpec, build_dag_bundle
+    from training.dag_data import make_router_data
+
+    spec = DagSpec(
+        name="router",
+        label="label",
+        sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
+        costs={"r": 1.0, "a": 5.0, "b": 5.0},
+        cost_scales=[0.0, 0.03, 0.3],
+    )
+    x, y = make_router_data(2500, seed=2)
+    root = tmp_path_factory.mktemp("dag")
+    build_dag_bundle(root / "router", spec, x, y.astype(str), ROUTER_COLUMNS)
+    return root / "router"

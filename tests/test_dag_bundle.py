@@ -13,7 +13,7 @@ from service.api import create_app
 from service.bundle import read_manifest
 from service.cache import InProcessCache
 from service.settings import Settings
-from training.dag_bundle import DagSpec, build_dag_bundle
+from training.dag_bundle import DagSpec
 from training.dag_data import make_router_data
 
 COLUMNS = ["r", "a1", "a2", "b1", "b2"]
@@ -27,11 +27,8 @@ SPEC = DagSpec(
 
 
 @pytest.fixture(scope="module")
-def router_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    x, y = make_router_data(2500, seed=2)
-    root = tmp_path_factory.mktemp("dag")
-    build_dag_bundle(root / "router", SPEC, x, y.astype(str), COLUMNS)
-    return root / "router"
+def router_dir(router_bundle_dir: Path) -> Path:
+    return router_bundle_dir
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,31 @@ from service.strategies.polydom_index import naive_lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
+# (bundle, strategy) pairs the contract runs on: every strategy of every bundle we build.
+CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [("router", "dag")]
+ANYTIME = [case for case in CASES if case[1] != "polydom"]
+
+
+@pytest.fixture(scope="module")
+def bundles(
+    digits_bundle_dir: Path, tiny_bundle_dir: Path, router_bundle_dir: Path
+) -> dict[str, Bundle]:
+    return {name: load_bundle(path, max_pixels=1 << 24) for name, path in (
+        ("digits", digits_bundle_dir), ("tiny", tiny_bundle_dir), ("router", router_bundle_dir))}
 
 
 @pytest.fixture(scope="module", params=["digits", "tiny"])
-def bundle(
-    request: pytest.FixtureRequest, digits_bundle_dir: Path, tiny_bundle_dir: Path
-) -> Bundle:
-    path = digits_bundle_dir if request.param == "digits" else tiny_bundle_dir
-    return load_bundle(path, max_pixels=1 << 24)
+def bundle(request: pytest.FixtureRequest, bundles: dict[str, Bundle]) -> Bundle:
+    """The image bundles (Poly-Dom and Greedy strategies)."""
+    return bundles[request.param]
 
 
-@pytest.fixture(params=STRATEGIES)
-def runtime(request: pytest.FixtureRequest, bundle: Bundle) -> StrategyRuntime:
-    return bundle.runtimes[request.param]
+@pytest.fixture(params=CASES, ids=["-".join(c) for c in CASES])
+def case(
+    request: pytest.FixtureRequest, bundles: dict[str, Bundle]
+) -> tuple[Bundle, StrategyRuntime]:
+    bundle_name, strategy = request.param
+    return bundles[bundle_name], bundles[bundle_name].runtimes[strategy]
 
 
 def _queries(bundle: Bundle, count: int, seed: int) -> list[tuple[int, float, frozenset[str]]]:
@@ -89,8 +101,9 @@ def _walk(
 
 
 def test_sessions_answer_with_computed_features_within_budget(
-    bundle: Bundle, runtime: StrategyRuntime
+    case: tuple[Bundle, StrategyRuntime],
 ) -> None:
+    bundle, runtime = case
     for n, budget, cached in _queries(bundle, 200, seed=1):
         answer, acquired, spent, _ = _walk(bundle, runtime, n, budget, cached)
         assert answer in bundle.models
@@ -100,12 +113,13 @@ def test_sessions_answer_with_computed_features_within_budget(
 
 
 @pytest.mark.parametrize("reserve", [0.0, 0.5])
-@pytest.mark.parametrize("name", [s for s in STRATEGIES if s != "polydom"])
+@pytest.mark.parametrize("which", ANYTIME, ids=["-".join(c) for c in ANYTIME])
 def test_anytime_strategies_overrun_by_at_most_one_extraction(
-    bundle: Bundle, name: str, reserve: float
+    bundles: dict[str, Bundle], which: tuple[str, str], reserve: float
 ) -> None:
     # Static Poly-Dom is excluded by design: it follows the plan made at the start.
-    runtime = bundle.runtimes[name]
+    bundle = bundles[which[0]]
+    runtime = bundle.runtimes[which[1]]
     rng = np.random.default_rng(5)
     for n, budget, cached in _queries(bundle, 300, seed=2):
         answer, acquired, spent, worst = _walk(
@@ -115,7 +129,8 @@ def test_anytime_strategies_overrun_by_at_most_one_extraction(
         assert spent <= budget + worst + 1e-9, (spent, budget, worst)
 
 
-def test_fallback_answers_from_features_in_hand(bundle: Bundle, runtime: StrategyRuntime) -> None:
+def test_fallback_answers_from_features_in_hand(case: tuple[Bundle, StrategyRuntime]) -> None:
+    bundle, runtime = case
     rng = np.random.default_rng(2)
     names = list(bundle.extractors)
     for _ in range(100):
@@ -127,8 +142,9 @@ def test_fallback_answers_from_features_in_hand(bundle: Bundle, runtime: Strateg
 
 
 def test_skyline_is_cost_sorted_with_rising_accuracy(
-    bundle: Bundle, runtime: StrategyRuntime
+    case: tuple[Bundle, StrategyRuntime],
 ) -> None:
+    _, runtime = case
     for side in (16, 64, 256):
         points = runtime.skyline(side * side)
         assert points, "the empty model is always on the skyline"

@@ -114,6 +114,11 @@ class DagSession(Session):
         while self.pending and self.pending[0] in in_hand:
             self.pending.pop(0)
         if self.pending:
+            # A group of several sensors is re-checked before each one: if an earlier
+            # sensor ran over its predicted cost, the rest may no longer fit.
+            if sum(self.per_feature[f] for f in self.pending) > obs.remaining:
+                self.pending = []
+                return self._answer()
             return Acquire(self.pending[0])
         self.state = self.target
         self.visited.append(self.state)
