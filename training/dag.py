@@ -252,7 +252,7 @@ def select_subsets(
     ``G(σ_1..σ_t) = (1/N) Σ_i max_j 1[f_σj(x_i) = y_i]`` under ``Σ_j cost(σ_j) <= budget``.
 
     f_σ is a cheap ridge least-squares classifier on the standardised columns of σ (out-of-fold
-    over ``folds`` stratified folds); f_∅ predicts the majority class. Each step adds the
+    over ``folds`` stratified folds); a still-empty subset counts for nothing. Each step adds the
     (subset j, sensor m ∉ σ_j) pair with the largest gain in G per unit cost of m (for uniform
     costs: the largest gain, as in the paper; for non-uniform costs the cost-benefit variant) among
     pairs that fit the budget; ties go to the lower subset index, then the earlier sensor. Empty
@@ -286,9 +286,12 @@ def select_subsets(
 
     t = n_subsets
     subsets: list[frozenset[int]] = [frozenset() for _ in range(t)]
-    corr = np.tile(prior_correct, (t, 1))
-    reward = float(prior_correct.mean())
-    prior_reward = reward
+    # An empty subset is not a classifier of the system: it gets no credit. (Crediting it as
+    # a majority-class classifier lets one subset right on the other classes saturate G at 1
+    # after a single step on balanced data, and the greedy stops.)
+    corr = np.zeros((t, len(y_enc)), dtype=bool)
+    reward = 0.0
+    prior_reward = float(prior_correct.mean())
     spent = 0.0
     steps: list[tuple[int, str, float]] = []
     m_count = len(names)
