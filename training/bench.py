@@ -90,6 +90,7 @@ def main() -> None:
     from training import (
         bench_anytime,
         bench_calibration,
+        bench_dag,
         bench_extractors,
         bench_polydom,
         bench_service,
@@ -102,6 +103,7 @@ def main() -> None:
         ("strategies", strategies_report),
         ("anytime (synthetic)", lambda: bench_anytime.main()),
         ("calibration", lambda: bench_calibration.main()),
+        ("dag", lambda: bench_dag.main()),
         ("service", lambda: bench_service.main()),
     ):
         t0 = time.perf_counter()
