@@ -250,17 +250,26 @@ class DagStrategy(_Strict):
                 if state.groups & ~full:
                     raise ValueError(f"DAG state {state.groups} names unknown groups")
                 for target in state.transitions:
-                    if target not in states or target & state.groups != state.groups:
+                    if (
+                        target not in states
+                        or target == state.groups
+                        or target & state.groups != state.groups
+                    ):
                         raise ValueError(
                             f"DAG state {state.groups}: transition to {target} is not a "
-                            "larger state of the policy"
+                            "strictly larger state of the policy"
                         )
-                for node in state.tree:
+                for index, node in enumerate(state.tree):
                     for child in (node.left, node.right):
-                        if child >= len(state.tree) or (
+                        # Pre-order: a child comes after its parent, so walks always end.
+                        if child >= len(state.tree) or 0 <= child <= index or (
                             child < 0 and (-child - 1) > len(state.transitions)
                         ):
                             raise ValueError(f"DAG node child {child} is out of range")
+            if len(states) != len(policy.states):
+                raise ValueError("a DAG policy lists a state twice")
+        if len(set(self.inputs)) != len(self.inputs):
+            raise ValueError(f"DAG inputs repeat an extractor: {self.inputs}")
         return self
 
 

@@ -27,6 +27,7 @@ class Execution:
     inference_ms: float
     spent: float
     path: list[list[str]] | None = None
+    expected_accuracy: float | None = None
 
     def over_budget(self, budget: float) -> bool:
         return self.spent > budget
@@ -126,4 +127,5 @@ def execute(
         inference_ms=(finished - t0) * 1000.0,
         spent=(finished - start) * 1000.0 if measured else declared,
         path=session.path(),
+        expected_accuracy=session.expected_accuracy,
     )

@@ -118,8 +118,15 @@ class PredictHandler:
     ) -> dict[str, FloatVector]:
         names = list(bundle.extractors)
         keys = [feature_key(item.key, bundle.tags[n]) for n in names]
+        # A read may take a share of a budget in milliseconds; budgets in other units get the
+        # cache's own timeout.
+        timeout = (
+            CACHE_READ_SHARE * budget / 1e3
+            if bundle.manifest.cost_basis == "measured"
+            else None
+        )
         try:
-            values = await self.cache.get_many(keys, timeout_s=CACHE_READ_SHARE * budget / 1e3)
+            values = await self.cache.get_many(keys, timeout_s=timeout)
         except CacheBypassed:
             self.metrics.cache.labels(result="bypass").inc()
             return {}
@@ -155,7 +162,9 @@ class PredictHandler:
             prediction=labels[int(np.argmax(probs))],
             probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
             features=list(answer.features),
-            expected_accuracy=answer.accuracy,
+            expected_accuracy=(
+                answer.accuracy if run.expected_accuracy is None else run.expected_accuracy
+            ),
             strategy=strategy,
             model_version=manifest.version,
             answered_by=run.answer,

@@ -12,7 +12,7 @@ import hashlib
 import io
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -124,11 +124,14 @@ class ImageDecoder:
         return DecodedItem(data=data, size=int(pixels.size), key=key)
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class TabularItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(default=None, min_length=1, max_length=256)
-    values: dict[str, float] = Field(min_length=1)
+    values: dict[str, Annotated[float, Field(strict=True)]] = Field(min_length=1)
 
 
 class TabularDecoder:
@@ -162,9 +165,15 @@ class TabularDecoder:
                 f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}",
                 missing=missing,
             )
-        bad = [c for c in self.columns if not math.isfinite(parsed.values[c])]
+        bad = [
+            c for c in self.columns
+            if not math.isfinite(parsed.values[c]) or abs(parsed.values[c]) > _FLOAT32_MAX
+        ]
         if bad:
-            raise InvalidItem(f"item.values has non-finite values for {', '.join(bad[:10])}")
+            raise InvalidItem(
+                f"item.values has non-finite or out-of-range (beyond ±{_FLOAT32_MAX:.3g}) "
+                f"values for {', '.join(bad[:10])}"
+            )
         values = {c: float(parsed.values[c]) for c in self.columns}
         if parsed.id is not None:
             key = "id:" + parsed.id

@@ -33,11 +33,14 @@ class CostReport(BaseModel):
     unit: str
     budget: float
     planned: float = Field(description="predicted cost of the features planned at the start")
-    spent: float = Field(description="measured wall time of the work done for this request")
-    extraction: float = Field(description="time spent in extractors")
-    inference: float = Field(description="time spent in model inference")
+    spent: float = Field(
+        description="cost spent, in `unit`: the measured time of the work done for this request "
+        "(bundles with measured costs, unit ms) or the declared cost of the features acquired"
+    )
+    extraction: float = Field(description="milliseconds spent in extractors (always ms)")
+    inference: float = Field(description="milliseconds spent in model inference (always ms)")
     queued: float = Field(
-        description="time waiting for a worker thread (not charged to the budget)"
+        description="milliseconds waiting for a worker thread (not charged to the budget)"
     )
     cached: list[str] = Field(description="features served from the cache")
     extracted: list[str] = Field(description="features computed for this request, in order")

@@ -13,7 +13,7 @@ from service.api import create_app
 from service.bundle import read_manifest
 from service.cache import InProcessCache
 from service.settings import Settings
-from training.dag_bundle import DagSpec
+from training.dag_bundle import DagSpec, build_dag_bundle
 from training.dag_data import make_router_data
 
 COLUMNS = ["r", "a1", "a2", "b1", "b2"]
@@ -129,3 +129,107 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
                                       str(tmp_path / "bad.json")])
     assert result.exit_code != 0 and "nope" in result.output
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:  # type: ignore[type-arg]
+    x, y = make_router_data(2000, seed=6)
+    root = tmp_path_factory.mktemp("dag-equiv")
+    result = build_dag_bundle(root / "router", SPEC, x, y.astype(str), COLUMNS)
+    return result.path, result.models
+
+
+def _serve_walk(bundle, policy_index: int, row: np.ndarray, budget: float,  # type: ignore[no-untyped-def]
+                in_hand: dict | None = None):  # type: ignore[type-arg]
+    """Walk the served runtime with one operating point pinned, real sensor values."""
+    from service.strategies.base import Acquire, Observation
+    from service.strategies.dag import DagSession
+
+    runtime = bundle.runtimes["dag"]
+    per_feature = bundle.costs.at(1)
+    policy = next(p for p in runtime.policies
+                  if p.spec.file == f"policy_{policy_index}.onnx")
+    session = DagSession(runtime, policy, per_feature)
+    item = dict(zip(COLUMNS, map(float, row), strict=True))
+    features = dict(in_hand or {})
+    spent = 0.0
+    while True:
+        step = session.step(Observation(size=1, budget=budget, spent=spent, features=features))
+        if not isinstance(step, Acquire):
+            return step.model, spent, session.path()
+        features[step.feature] = bundle.extractors[step.feature].extract(item)
+        spent += per_feature[step.feature]
+
+
+def test_served_walk_equals_the_trained_policy(built: tuple[Path, list]) -> None:  # type: ignore[type-arg]
+    from service.registry import load_bundle
+
+    path, models = built
+    bundle = load_bundle(path, 1)
+    x, _ = make_router_data(150, seed=8)
+    for i, model in enumerate(models):
+        for budget in (0.5, 3.0, 6.0, 7.5, 11.0):
+            pred, spent, states = model.predict_with_cost(x, budget=budget)
+            for row, p, cost, state in zip(x, pred, spent, states, strict=True):
+                answer, served_cost, served_path = _serve_walk(bundle, i, row, budget)
+                assert served_cost == pytest.approx(cost)
+                assert set(served_path[-1]) == set(model.state_sensors(int(state)))
+                probs = bundle.models[answer].predict_proba(
+                    {s: bundle.extractors[s].extract(dict(zip(COLUMNS, map(float, row),
+                                                              strict=True)))
+                     for s in bundle.runtimes["dag"].model_features[answer]})
+                assert bundle.manifest.classes[int(np.argmax(probs))] == str(p)
+
+
+def test_hard_cap_cuts_walks_that_would_overspend(built: tuple[Path, list]) -> None:  # type: ignore[type-arg]
+    from service.registry import load_bundle
+
+    path, _models = built
+    bundle = load_bundle(path, 1)
+    routing = next(i for i, m in enumerate(bundle.manifest.strategies[0].policies)
+                   if 5.0 < m.mean_cost < 7.0)  # the operating point that buys r then a or b
+    x, _ = make_router_data(60, seed=10)
+    cut = 0
+    for row in x:
+        _, full_cost, _ = _serve_walk(bundle, routing, row, 100.0)
+        _, cost, _path_taken = _serve_walk(bundle, routing, row, 3.0)
+        assert cost <= 3.0
+        cut += full_cost > 3.0 and cost < full_cost
+    assert cut >= len(x) // 2, "the cap must actually cut walks in this test"
+
+
+def test_partially_cached_sensors_make_an_operating_point_affordable(client: TestClient) -> None:
+    x, _ = make_router_data(40, seed=11)
+    row = next(r for r in x if r[0] > 0.5)  # routed to a
+    item = _item(row, "partial-cache")
+    warm = client.post("/predict", json={"model": "router", "item": item, "budget": 6.0}).json()
+    assert set(warm["cost"]["extracted"]) == {"r", "a"}
+    # r and a are now cached: the operating point that costs 6 on average is affordable with a
+    # budget of 5.9, and it spends nothing.
+    again = client.post("/predict", json={"model": "router", "item": item, "budget": 5.9}).json()
+    assert again["answered_by"] != "prior" and again["cost"]["spent"] == 0.0
+    assert set(again["features"]) == {"a", "r"}
+
+
+def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
+    from pydantic import ValidationError
+
+    from service.bundle import Manifest
+
+    raw = json.loads((router_dir / "manifest.json").read_text())
+    policy = raw["strategies"][0]["policies"][-1]
+    root = next(s for s in policy["states"] if s["groups"] == 0)
+    assert root["transitions"], "the root of this policy can acquire"
+    looped = json.loads(json.dumps(raw))
+    next(s for s in looped["strategies"][0]["policies"][-1]["states"]
+         if s["groups"] == 0)["transitions"][0] = 0  # the root acquiring into itself
+    with pytest.raises(ValidationError, match="strictly larger"):
+        Manifest.model_validate(looped)
+    state = next((s for s in policy["states"] if len(s["tree"]) >= 2), None)
+    assert state is not None, "this policy has a state with a multi-node filter tree"
+    cyclic = json.loads(json.dumps(raw))
+    target = next(s for s in cyclic["strategies"][0]["policies"][-1]["states"]
+                  if s["groups"] == state["groups"])
+    target["tree"][1]["left"] = 0  # a node pointing back to the root
+    with pytest.raises(ValidationError, match="out of range"):
+        Manifest.model_validate(cyclic)

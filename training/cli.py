@@ -189,7 +189,10 @@ def dag(
     target = out or Path("models") / spec.name
     target.parent.mkdir(parents=True, exist_ok=True)
     with console.status(f"training {len(spec.cost_scales)} operating points on {len(y)} rows"):
-        result = build_dag_bundle(target, spec, x, y, columns)
+        try:
+            result = build_dag_bundle(target, spec, x, y, columns)
+        except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate
+            raise typer.BadParameter(f"cannot build the bundle: {exc}") from None
     table = Table("cost scale", "val cost", "val error", "test cost", "test error",
                   title=f"{spec.name}: DAG operating points ({spec.unit})")
     for p in result.points:

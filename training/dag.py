@@ -256,10 +256,13 @@ def select_subsets(
     (subset j, sensor m ∉ σ_j) pair with the largest gain in G per unit cost of m (for uniform
     costs: the largest gain, as in the paper; for non-uniform costs the cost-benefit variant) among
     pairs that fit the budget; ties go to the lower subset index, then the earlier sensor. Empty
-    subsets are interchangeable, so only the first empty one is tried. Selection stops when no
-    pair fits or no pair has a positive gain. ``budget`` defaults to twice the total cost of all
-    sensors (2 x the number of sensors for unit costs). Correctness vectors are cached per sensor
-    set, so a step only evaluates the sets grown from the subset changed by the previous step.
+    subsets are interchangeable, so only the first empty one is tried. When no pair gains, an
+    empty subset is still started with the sensor whose classifier is most accurate on its own
+    (the paper's loop runs until the size budget is spent, so all t subsets get used).
+    Selection stops when no pair fits, or every subset is in use and no pair gains. ``budget``
+    defaults to twice the total cost of all sensors (2 x the number of sensors for unit
+    costs). Correctness vectors are cached per sensor set, so a step only evaluates the sets
+    grown from the subset changed by the previous step.
     """
     t0 = time.perf_counter()
     names, columns, cost_arr = _validate_sensors(sensors, costs)
@@ -297,7 +300,7 @@ def select_subsets(
     m_count = len(names)
     while True:
         count = corr.sum(axis=0)
-        best: tuple[float, int, int, float, BoolArray] | None = None
+        best: tuple[tuple[float, float], int, int, float, BoolArray] | None = None
         first_empty_seen = False
         for j in range(t):
             if not subsets[j]:
@@ -311,9 +314,15 @@ def select_subsets(
                 c = correct(subsets[j] | {m})
                 g = float(np.mean(others | c))
                 gain = g - reward
-                if gain <= _TIE:
+                if gain <= _TIE and subsets[j]:
                     continue
-                score = gain / cost_arr[m] if cost_arr[m] > 0 else math.inf
+                # Positive gains first (per unit cost); a step without gain may still start
+                # an empty subset, so that all t subsets get filled as in the paper's loop,
+                # the most accurate one on its own first.
+                rate = 0.0 if gain <= _TIE else (
+                    gain / cost_arr[m] if cost_arr[m] > 0 else math.inf
+                )
+                score = (rate, float(np.mean(c)))
                 if best is None or score > best[0]:
                     best = (score, j, m, g, c)
         if best is None:

@@ -13,6 +13,7 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -87,12 +88,30 @@ class DagSpec:
         return spec
 
     def check(self) -> None:
-        if not self.sensors:
-            raise ValueError("the spec needs at least one sensor")
+        if not isinstance(self.name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", self.name):
+            raise ValueError(
+                f"name {self.name!r}: a bundle name is lower-case letters, digits, '_', '.', '-'"
+            )
+        if not isinstance(self.sensors, dict) or not self.sensors:
+            raise ValueError(
+                f"sensors must map sensor names to lists of columns, got {self.sensors!r}"
+            )
+        if not isinstance(self.costs, dict):
+            raise ValueError(f"costs must map sensor names to numbers, got {self.costs!r}")
+        for fraction in ("test_fraction", "validation_fraction"):
+            value = getattr(self, fraction)
+            if not isinstance(value, int | float) or not 0 < value < 1:
+                raise ValueError(f"{fraction} must be a number in (0, 1), got {value!r}")
+        if self.test_fraction + self.validation_fraction >= 1:
+            raise ValueError("test_fraction + validation_fraction must leave rows to train on")
         seen: dict[str, str] = {}
         for sensor, columns in self.sensors.items():
-            if not columns:
-                raise ValueError(f"sensor {sensor!r} has no columns")
+            if not isinstance(columns, list) or not columns:
+                raise ValueError(f"sensor {sensor!r}: expected a non-empty list of columns")
+            if self.label in columns:
+                raise ValueError(
+                    f"sensor {sensor!r} serves the label column {self.label!r}: remove it"
+                )
             for column in columns:
                 if column in seen:
                     raise ValueError(
@@ -103,8 +122,8 @@ class DagSpec:
         unknown = set(self.costs) - set(self.sensors)
         if unknown:
             raise ValueError(f"costs given for unknown sensors {sorted(unknown)}")
-        if any(not c > 0 for c in self.costs.values()):
-            raise ValueError("sensor costs must be > 0")
+        if any(not isinstance(c, int | float) or not c >= 0 for c in self.costs.values()):
+            raise ValueError(f"sensor costs must be numbers >= 0, got {self.costs}")
         if not self.cost_scales or any(c < 0 for c in self.cost_scales):
             raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
 
@@ -114,16 +133,26 @@ def read_csv(path: Path, spec: DagSpec) -> tuple[npt.NDArray[np.float64], npt.ND
     """The sensor columns as floats, the label column as strings, and the column names."""
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
+    header: list[str]
     if spec.columns is not None:
         header = list(spec.columns)
-    else:
+    elif rows:
         header, rows = [h.strip() for h in rows[0]], rows[1:]
+    else:
+        raise ValueError(f"{path}: the file is empty")
     index = {name: i for i, name in enumerate(header)}
     needed = [c for cols in spec.sensors.values() for c in cols]
     missing = [c for c in [*needed, spec.label] if c not in index]
     if missing:
         raise ValueError(f"{path}: no column(s) {missing}; the file has {header}")
     rows = [r for r in rows if r and any(cell.strip() for cell in r)]
+    short = [i for i, r in enumerate(rows) if len(r) < len(header)]
+    if short:
+        raise ValueError(
+            f"{path}: row {short[0] + 1} has fewer cells than the {len(header)} columns"
+        )
+    if not rows:
+        raise ValueError(f"{path}: no data rows")
     try:
         x = np.asarray([[float(r[index[c]]) for c in needed] for r in rows], dtype=np.float64)
     except ValueError as exc:
@@ -137,6 +166,7 @@ class DagBuildResult:
     manifest: Manifest
     path: Path
     points: list[dict[str, float]]
+    models: list[DagClassifier] = field(default_factory=list)  # one per policy, in order
 
 
 def build_dag_bundle(
@@ -236,7 +266,7 @@ def build_dag_bundle(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return DagBuildResult(manifest, out_dir, points)
+    return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
 
 
 def _fingerprint(x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> str:

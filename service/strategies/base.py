@@ -61,6 +61,9 @@ class Session(ABC):
     """One request's plan. ``planned`` is the predicted cost of the plan made at the start."""
 
     planned: float = 0.0
+    # The accuracy to report when the strategy knows better than the answering model's own
+    # estimate (a DAG policy's held-out accuracy on the items it routes); None: the model's.
+    expected_accuracy: float | None = None
 
     @abstractmethod
     def step(self, obs: Observation) -> Step:

@@ -57,6 +57,20 @@ class _Policy:
                 f"DAG policy {spec.file!r} takes {width} inputs, the strategy declares "
                 f"{runtime.input_width}"
             )
+        outputs = self.logits(np.zeros(runtime.input_width, dtype=np.float32)).shape[0]
+        for state in spec.states:
+            for node in state.tree:
+                if node.logit is not None and node.logit >= outputs:
+                    raise BundleError(
+                        f"DAG policy {spec.file!r}: state {state.groups} reads logit "
+                        f"{node.logit}, the model has {outputs}"
+                    )
+            expected = set(runtime.state_features(state.groups))
+            if set(runtime.model_features.get(state.model, ())) != expected:
+                raise BundleError(
+                    f"DAG policy {spec.file!r}: state {state.groups} answers with "
+                    f"{state.model!r}, whose features are not {sorted(expected)}"
+                )
 
     def logits(self, x: FloatVector) -> FloatVector:
         out = self.session.run(None, {self.input: x.reshape(1, -1)})[0]
@@ -82,6 +96,9 @@ class _Policy:
             node = child
 
 
+_TOLERANCE = 1e-9  # as the trainer's budget comparison
+
+
 class DagSession(Session):
     def __init__(
         self, runtime: DagRuntime, policy: _Policy, per_feature: dict[str, float]
@@ -90,6 +107,7 @@ class DagSession(Session):
         self.policy = policy
         self.per_feature = per_feature
         self.planned = policy.spec.mean_cost
+        self.expected_accuracy = 1.0 - policy.spec.error
         self.state = 0
         self.visited = [0]
         self.pending: list[str] = []
@@ -98,31 +116,32 @@ class DagSession(Session):
     def _answer(self) -> Answer:
         return Answer(self.policy.states[self.state].model)
 
+    def _fits(self, obs: Observation) -> bool:
+        cost = sum(self.per_feature[f] for f in self.pending)
+        return cost <= obs.remaining + _TOLERANCE * max(1.0, abs(obs.budget))
+
     def step(self, obs: Observation) -> Step:
         rt = self.runtime
         in_hand = obs.features
-        if not self.pending:
-            action = self.policy.action(self.state, rt.input_vector(in_hand))
-            if action == 0:
-                return self._answer()
-            self.target = self.policy.states[self.state].transitions[action - 1]
-            self.pending = [f for f in rt.state_features(self.target) if f not in in_hand]
-            cost = sum(self.per_feature[f] for f in self.pending)
-            if cost > obs.remaining:
-                self.pending = []
-                return self._answer()  # the budget is a hard cap
-        while self.pending and self.pending[0] in in_hand:
-            self.pending.pop(0)
-        if self.pending:
-            # A group of several sensors is re-checked before each one: if an earlier
-            # sensor ran over its predicted cost, the rest may no longer fit.
-            if sum(self.per_feature[f] for f in self.pending) > obs.remaining:
-                self.pending = []
-                return self._answer()
-            return Acquire(self.pending[0])
-        self.state = self.target
-        self.visited.append(self.state)
-        return self.step(obs)
+        # Transitions lead to strictly larger states (checked at load), so this ends.
+        while True:
+            if not self.pending:
+                action = self.policy.action(self.state, rt.input_vector(in_hand))
+                if action == 0:
+                    return self._answer()
+                self.target = self.policy.states[self.state].transitions[action - 1]
+                self.pending = [f for f in rt.state_features(self.target) if f not in in_hand]
+            while self.pending and self.pending[0] in in_hand:
+                self.pending.pop(0)
+            if self.pending:
+                # The budget is a hard cap, re-checked before each sensor of a group: if an
+                # earlier one ran over its predicted cost, the rest may no longer fit.
+                if not self._fits(obs):
+                    self.pending = []
+                    return self._answer()
+                return Acquire(self.pending[0])
+            self.state = self.target
+            self.visited.append(self.state)
 
     def fallback(self, obs: Observation) -> Answer:
         return self._answer()
@@ -174,6 +193,7 @@ class DagRuntime(StrategyRuntime):
         return out
 
     def choose(self, budget: float) -> _Policy:
+        """The most accurate operating point whose average cost fits ``budget``."""
         fitting = [p for p in self.policies if p.spec.mean_cost <= budget]
         if not fitting:
             return self.policies[0]
@@ -183,4 +203,8 @@ class DagRuntime(StrategyRuntime):
         return sorted({s.model for p in self.policies for s in p.spec.states})
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        return DagSession(self, self.choose(budget), self.costs.at(size))
+        per_feature = self.costs.at(size)
+        # Cached sensors cost nothing: an operating point that would buy them is affordable
+        # with that much more budget (the walk's hard cap still holds the real budget).
+        free = sum(per_feature[f] for f in in_hand if f in per_feature)
+        return DagSession(self, self.choose(budget + free), per_feature)
