@@ -636,7 +636,7 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 sensors={f"f{i + 1}": [i] for i in range(50)},
                 splits=splits,
                 targets=(5.0, 10.0, 20.0),
-                variants=[Variant(prefix="", n_subsets=7, methods=(FIXED, ALL))],
+                variants=[Variant(prefix="", n_subsets=7, methods=(FIXED, CASCADE, ALL))],
                 setup=[
                     "Split: mbne_tiny_tr / tv / te as train / validation / test; rows holding "
                     f"the -999 'no measurement' sentinel dropped (tr {dropped['tr']}, tv "

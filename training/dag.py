@@ -311,7 +311,10 @@ def select_subsets(
             for m in range(m_count):
                 if m in subsets[j] or spent + cost_arr[m] > budget + _BUDGET_SLACK:
                     continue
-                c = correct(subsets[j] | {m})
+                grown = subsets[j] | {m}
+                if grown in subsets:  # a copy of another subset adds nothing to the DAG
+                    continue
+                c = correct(grown)
                 g = float(np.mean(others | c))
                 gain = g - reward
                 if gain <= _TIE and subsets[j]:
