@@ -17,7 +17,8 @@ import json
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -59,6 +60,22 @@ VERIFICATION_FILE = "verification.json"
 
 def _noop(stage: str, done: int, total: int) -> None:
     return None
+
+
+@contextmanager
+def staging(out_dir: Path) -> Iterator[Path]:
+    """A fresh folder beside ``out_dir`` to write a bundle into: on success it replaces
+    ``out_dir`` at once; on any failure it is removed, so a failed build never leaves a
+    half-written bundle where the service would load it."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        yield tmp
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 @dataclass
@@ -207,7 +224,7 @@ def _cost_matrix(costs: dict[str, CostPolynomial], names: Sequence[str]) -> npt.
     return out
 
 
-def _libraries() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for dist in ("numpy", "scikit-learn", "skl2onnx", "onnx", "onnxruntime", "pillow", "scipy"):
         try:
@@ -281,15 +298,14 @@ def build_bundle(
     # expansion (its statistics above are unaffected).
     export = {0, *polydom.candidates_}
     for candidate in polydom.candidates_:
-        export.update(_subsets(candidate))
+        export.update(subsets_of(candidate))
     for fit in greedy_fits.values():
         for sequence in fit.sequences_:
             export.update(sequence.prefix_masks)
     export_masks = sorted(export, key=lambda m: (m.bit_count(), m))
 
     classes = [str(c) for c in np.unique(data.labels)]
-    tmp = Path(tempfile.mkdtemp(prefix=f".{config.name}-", dir=out_dir.parent))
-    try:
+    with staging(out_dir) as tmp:
         models, export_errors = _export_models(tmp, evaluator, export_masks, data, classes)
         strategies = make_strategies(names, polydom, greedy_fits)
         skylines = [s.index.skylines for s in strategies if isinstance(s, PolyDomStrategy)]
@@ -333,21 +349,16 @@ def build_bundle(
                         variant: fit.stats_.as_dict() for variant, fit in greedy_fits.items()
                     },
                 },
-                libraries=_libraries(),
+                libraries=library_versions(),
                 host={"platform": platform.platform(), "machine": platform.machine()},
             ),
         )
         write_manifest(tmp, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return BuildResult(manifest, out_dir, evaluator, polydom, data, export_errors)
 
 
-def _subsets(mask: int) -> list[int]:
+def subsets_of(mask: int) -> list[int]:
+    """Every subset of the bitmask ``mask`` (itself and 0 included)."""
     out, sub = [], mask
     while True:
         out.append(sub)

@@ -14,8 +14,6 @@ import hashlib
 import json
 import platform
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +39,7 @@ from service.bundle import (
     model_id_for,
     write_manifest,
 )
-from training.build import _libraries
+from training.build import library_versions, staging
 from training.dag import DagClassifier, sweep
 from training.export import export_classifier, onnx_probabilities, verify_export
 
@@ -204,8 +202,7 @@ def build_dag_bundle(
         position[c]: offsets[s] + j for s in sensor_names for j, c in enumerate(spec.sensors[s])
     }
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=out_dir.parent))
-    try:
+    with staging(out_dir) as tmp:
         models = _export_bank(tmp, base, classes, x_test)
         policies, points = [], []
         for i, (scale, model, val_cost, val_error) in enumerate(fits):
@@ -255,17 +252,11 @@ def build_dag_bundle(
                              "test": len(y_test)},
                     "operating_points": points,
                 },
-                libraries=_libraries(),
+                libraries=library_versions(),
                 host={"platform": platform.platform(), "machine": platform.machine()},
             ),
         )
         write_manifest(tmp, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
 
 

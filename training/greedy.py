@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from training.polydom.poly import FloatArray, horner
+from training.polydom.poly import FloatArray, check_costs, check_domain, horner
 
 #: Decades k of the default positive grid λ_k = 10**k / (typical feature cost at n_ref):
 #: from λ·Δcost ≈ 0.001 (accuracy dominates) to ≈ 1000 (cost dominates), half-decade steps.
@@ -78,32 +78,6 @@ class GreedyStats:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
-
-
-def _check_costs(costs: npt.ArrayLike) -> FloatArray:
-    arr = np.asarray(costs, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(
-            f"costs has shape {arr.shape}; a 2-D (n_features x degree+1) array is required."
-        )
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(
-            "costs contains negative or non-finite coefficients; finite coefficients >= 0 "
-            "are required (costs must be non-negative and non-decreasing in size)."
-        )
-    return arr
-
-
-def _check_domain(size_domain: Any) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in size_domain)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"size_domain={size_domain!r}; a pair (lo, hi) of numbers is required."
-        ) from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
-        raise ValueError(f"size_domain={size_domain!r}; finite 0 <= lo < hi is required.")
-    return lo, hi
 
 
 def _is_number(value: Any) -> bool:
@@ -213,8 +187,8 @@ class GreedySequences:
             raise ValueError(
                 f"evaluate={evaluate!r} was given; a callable mask -> accuracy is required."
             )
-        coef = _check_costs(costs)
-        lo, hi = _check_domain(size_domain)
+        coef = check_costs(costs)
+        lo, hi = check_domain(size_domain)
         ref = _check_reference(self.reference_size, lo, hi)
         m = coef.shape[0]
         feature_costs = np.array([horner(coef[j].tolist(), ref) for j in range(m)])

@@ -45,7 +45,7 @@ from service.strategies.base import (
     strategy_for,
 )
 from service.types import FloatArray, FloatVector, horner
-from training.build import make_strategies, mask_features
+from training.build import make_strategies, mask_features, subsets_of
 from training.greedy import VARIANTS as GREEDY_VARIANTS
 from training.polydom import PolyDom
 from training.polydom.synthetic import SIZE_DOMAIN, SyntheticWorkload, make_workload
@@ -135,7 +135,7 @@ def synthetic_bundle(
     }
     masks: set[int] = {0}
     for candidate in polydom.candidates_:
-        masks.update(_subsets(candidate))
+        masks.update(subsets_of(candidate))
     for fit in greedy_fits.values():
         for sequence in fit.sequences_:
             masks.update(sequence.prefix_masks)
@@ -185,15 +185,6 @@ def synthetic_bundle(
         table=np.asarray(work.table, dtype=np.float64), polydom=polydom, workload=work,
         sigma=sigma, epsilon=epsilon,
     )
-
-
-def _subsets(mask: int) -> list[int]:
-    out, sub = [], mask
-    while True:
-        out.append(sub)
-        if sub == 0:
-            return out
-        sub = (sub - 1) & mask
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from service.strategies.polydom_index import CompiledIndex
 from training.polydom.candidates import prune_candidates
 from training.polydom.index import PolyDomIndex, build_index
 from training.polydom.lattice import MAX_FEATURES, expand_polydom
-from training.polydom.poly import FloatArray, set_costs
+from training.polydom.poly import check_costs, check_domain, set_costs
 
 
 @dataclass(frozen=True)
@@ -50,36 +50,6 @@ def _check_unit(name: str, value: Any) -> float:
     if value < 0:
         raise ValueError(f"{name}={value!r} was given; a value >= 0 is required.")
     return float(value)
-
-
-def _check_costs(costs: npt.ArrayLike) -> FloatArray:
-    arr = np.asarray(costs, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(
-            f"costs has shape {arr.shape}; a 2-D (n_features x degree+1) array is required."
-        )
-    if arr.shape[0] > MAX_FEATURES:
-        raise ValueError(
-            f"costs has {arr.shape[0]} features; at most {MAX_FEATURES} are supported."
-        )
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(
-            "costs contains negative or non-finite coefficients; finite coefficients >= 0 "
-            "are required (costs must be non-negative and non-decreasing in size)."
-        )
-    return arr
-
-
-def _check_domain(size_domain: Any) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in size_domain)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"size_domain={size_domain!r}; a pair (lo, hi) of numbers is required."
-        ) from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
-        raise ValueError(f"size_domain={size_domain!r}; finite 0 <= lo < hi is required.")
-    return lo, hi
 
 
 class PolyDom:
@@ -125,8 +95,8 @@ class PolyDom:
             raise ValueError(
                 f"evaluate={evaluate!r} was given; a callable mask -> accuracy is required."
             )
-        coef = _check_costs(costs)
-        lo, hi = _check_domain(size_domain)
+        coef = check_costs(costs, max_features=MAX_FEATURES)
+        lo, hi = check_domain(size_domain)
         m = coef.shape[0]
         expansion = expand_polydom(m, evaluate, eps / 2.0, delta)
         candidates = prune_candidates(expansion.accuracies, coef, (lo, hi), eps / 2.0)
