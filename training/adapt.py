@@ -265,7 +265,29 @@ def _fista(
 # --------------------------------------------------------------------------------------------
 
 
-class AdaptLin(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+    """What the adaptive systems share: the gate sends some examples to the high-cost model
+    f0 (``route``), the low-cost model answers the others."""
+
+    def route(self, X: ArrayLike) -> NDArray[np.bool_]:
+        raise NotImplementedError
+
+    def predict_proba(self, X: ArrayLike) -> FloatArray:
+        raise NotImplementedError
+
+    def _answer_with_f0(self, Xa: FloatArray, proba: FloatArray) -> FloatArray:
+        """``proba`` (the low-cost model's) with f0's answers for the examples routed to it."""
+        to_f0 = self.route(Xa)
+        if np.any(to_f0):
+            proba[to_f0] = np.asarray(self.f0_.predict_proba(Xa[to_f0]), dtype=np.float64)
+        return proba
+
+    def predict(self, X: ArrayLike) -> NDArray[Any]:
+        proba = self.predict_proba(X)
+        return np.asarray(self.classes_[np.argmax(proba, axis=1)])
+
+
+class AdaptLin(_GatedClassifier):
     """ADAPT-LIN (Alg. 1): linear gate g and linear (softmax) low-cost model f1.
 
     Parameters
@@ -569,14 +591,7 @@ class AdaptLin(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self._check_fitted()
         Xa = _check_X(X, self.n_features_in_)
         proba = self.f1_proba(Xa)
-        to_f0 = self.route(Xa)
-        if np.any(to_f0):
-            proba[to_f0] = np.asarray(self.f0_.predict_proba(Xa[to_f0]), dtype=np.float64)
-        return proba
-
-    def predict(self, X: ArrayLike) -> NDArray[Any]:
-        proba = self.predict_proba(X)
-        return np.asarray(self.classes_[np.argmax(proba, axis=1)])
+        return self._answer_with_f0(Xa, proba)
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,7 +599,7 @@ class AdaptLin(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
 # --------------------------------------------------------------------------------------------
 
 
-class L1Baseline(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+class L1Baseline(_GatedClassifier):
     """The paper's L1 baseline (Sec. 5).
 
     1. L1-regularised logistic regression (regularisation ``C``, standardised features) on all
@@ -694,14 +709,7 @@ class L1Baseline(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         Z = self._z(X)
         Xa = np.asarray(X, dtype=np.float64)
         proba = self._f1_proba_z(Z)
-        to_f0 = self.route(Xa)
-        if np.any(to_f0):
-            proba[to_f0] = np.asarray(self.f0_.predict_proba(Xa[to_f0]), dtype=np.float64)
-        return proba
-
-    def predict(self, X: ArrayLike) -> NDArray[Any]:
-        proba = self.predict_proba(X)
-        return np.asarray(self.classes_[np.argmax(proba, axis=1)])
+        return self._answer_with_f0(Xa, proba)
 
 
 # --------------------------------------------------------------------------------------------

@@ -154,6 +154,11 @@ class StrategyRuntime(ABC):
         self.costs = costs
         self.accuracy = {m.id: m.accuracy for m in manifest.models}
         self.model_features = {m.id: tuple(m.features) for m in manifest.models}
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
+        """Build what the strategy needs from ``self.spec`` (runs once, at the end of
+        ``__init__``); raise ``BundleError`` or ``ValueError`` for a spec it cannot serve."""
 
     @abstractmethod
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:

@@ -11,19 +11,16 @@ the walk and the current state's classifier answers.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import DagPolicy, DagStrategy, Manifest
+from service.bundle import DagPolicy, DagStrategy
 from service.errors import BundleError
-from service.inference import LoadedModel
 from service.strategies.base import (
     Acquire,
     Answer,
-    CostModel,
     Observation,
     Session,
     Step,
@@ -154,18 +151,11 @@ class DagSession(Session):
 class DagRuntime(StrategyRuntime):
     kind = "dag"
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        spec: Any,
-        models: dict[str, LoadedModel],
-        costs: CostModel,
-        bundle_dir: Path | None = None,
-    ) -> None:
-        super().__init__(manifest, spec, models, costs, bundle_dir)
+    def setup(self) -> None:
+        spec = self.spec
         assert isinstance(spec, DagStrategy)
         self.groups = [list(g) for g in spec.groups]
-        dims = {e.name: e.dims for e in manifest.extractors}
+        dims = {e.name: e.dims for e in self.manifest.extractors}
         self.offsets: dict[str, int] = {}
         width = 0
         for name in spec.inputs:

@@ -16,15 +16,12 @@ free) is the most accurate — what the skyline at that size promises.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from service.bundle import GreedyStrategy, Manifest
-from service.inference import LoadedModel
+from service.bundle import GreedyStrategy
 from service.strategies.base import (
     Acquire,
     Answer,
-    CostModel,
     Observation,
     Session,
     Step,
@@ -74,15 +71,8 @@ class GreedySession(Session):
 class GreedyRuntime(StrategyRuntime):
     kind = "greedy"
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        spec: Any,
-        models: dict[str, LoadedModel],
-        costs: CostModel,
-        bundle_dir: Path | None = None,
-    ) -> None:
-        super().__init__(manifest, spec, models, costs, bundle_dir)
+    def setup(self) -> None:
+        spec = self.spec
         assert isinstance(spec, GreedyStrategy)
         self.selection = spec.selection
         self.reference_size = spec.reference_size

@@ -21,17 +21,12 @@ the candidates) it scans the candidates with their current predicted costs.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
-from service.bundle import Manifest, PolyDomStrategy
-from service.inference import LoadedModel
+from service.bundle import PolyDomStrategy
 from service.strategies.base import (
     Acquire,
     Answer,
-    CostModel,
     Observation,
     Session,
     Step,
@@ -110,15 +105,8 @@ class AnytimeSession(Session):
 class PolyDomRuntime(StrategyRuntime):
     kind = "polydom"
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        spec: Any,
-        models: dict[str, LoadedModel],
-        costs: CostModel,
-        bundle_dir: Path | None = None,
-    ) -> None:
-        super().__init__(manifest, spec, models, costs, bundle_dir)
+    def setup(self) -> None:
+        spec = self.spec
         assert isinstance(spec, PolyDomStrategy)
         self.anytime = spec.anytime
         self.size_domain = spec.size_domain
@@ -128,10 +116,12 @@ class PolyDomRuntime(StrategyRuntime):
         self.index = CompiledIndex(
             spec.index.breakpoints,
             [[position[m] for m in skyline] for skyline in spec.index.skylines],
-            np.stack([costs.set_coefficients(self.model_features[c]) for c in self.candidates]),
+            np.stack(
+                [self.costs.set_coefficients(self.model_features[c]) for c in self.candidates]
+            ),
         )
         # Models by falling accuracy, as feature bitmasks: best_computable in one early-exit scan.
-        bit = {name: 1 << i for i, name in enumerate(costs.names)}
+        bit = {name: 1 << i for i, name in enumerate(self.costs.names)}
         ranked = sorted(self.model_features, key=lambda m: -self.accuracy[m])
         self._ranked = [(sum(bit[f] for f in self.model_features[m]), m) for m in ranked]
         self._bit = bit
