@@ -273,11 +273,63 @@ class DagStrategy(_Strict):
         return self
 
 
+class GatePoint(_Strict):
+    """One operating point of a gating sweep (paper 001): a gate g, a low-cost model f1 and
+    the high-cost model f0. g reads ``gate_features``; f1 (``low_model``) reads its own
+    features; g's and f1's features are computed first, then g decides whether f1 answers or
+    the item goes on to f0 (``high_model``), whose missing features are computed only then."""
+
+    id: str = Field(description="unique within the strategy, e.g. 'adapt-gbrt-p0.3-l0.01'")
+    method: str = Field(description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser")
+    p_full: float = Field(ge=0, le=1, description="the training bound on the fraction sent to f0")
+    regularisation: float = Field(ge=0, description="the cost weight (gamma or lambda)")
+    gate_file: str | None = Field(
+        default=None,
+        description="ONNX gate: input 'features' (1 x sum of gate_features' dims, their values "
+        "concatenated in order) -> one output of shape (1, 1), the gate score; a score above "
+        "``threshold`` sends the item to f0. None: the gate never does (f1 answers everything)",
+    )
+    gate_features: list[str] = Field(default_factory=list)
+    gate_input_dims: int = Field(default=0, ge=0)
+    threshold: float = 0.0
+    low_model: str = Field(description="id of f1 among the bundle's models")
+    high_model: str = Field(description="id of f0 among the bundle's models")
+    mean_cost: float = Field(ge=0, description="average feature cost per item on held-out data")
+    fraction_full: float = Field(ge=0, le=1, description="fraction of held-out items sent to f0")
+    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the gated system")
+
+    @model_validator(mode="after")
+    def _gate(self) -> GatePoint:
+        if self.gate_file is None and (self.gate_features or self.gate_input_dims):
+            raise ValueError(f"gate point {self.id!r}: gate features without a gate file")
+        if len(set(self.gate_features)) != len(self.gate_features):
+            raise ValueError(f"gate point {self.id!r}: gate_features repeat an extractor")
+        return self
+
+
+class GatingStrategy(_Strict):
+    """Adaptive gating between a low-cost and a high-cost model (paper 001: ADAPT-LIN,
+    ADAPT-GBRT, the L1 baseline, GreedyMiser). ``points`` is the Pareto set of a (P_full,
+    gamma/lambda) sweep; per request the runtime takes the most accurate point whose
+    expected cost fits the budget."""
+
+    kind: Literal["gating"] = "gating"
+    name: str = "gating"
+    points: list[GatePoint] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatingStrategy:
+        ids = [p.id for p in self.points]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"gating strategy {self.name!r}: duplicate point ids in {ids}")
+        return self
+
+
 # New strategy kinds join this union; the discriminator is ``kind``.
 Strategy = Annotated[
-    PolyDomStrategy | GreedyStrategy | DagStrategy, Field(discriminator="kind")
+    PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy, Field(discriminator="kind")
 ]
-AnyStrategy = PolyDomStrategy | GreedyStrategy | DagStrategy
+AnyStrategy = PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy
 
 
 def _referenced_models(strategy: AnyStrategy) -> set[str]:
@@ -288,6 +340,8 @@ def _referenced_models(strategy: AnyStrategy) -> set[str]:
         return out
     if isinstance(strategy, DagStrategy):
         return {s.model for p in strategy.policies for s in p.states}
+    if isinstance(strategy, GatingStrategy):
+        return {m for p in strategy.points for m in (p.low_model, p.high_model)}
     return strategy.model_ids()
 
 
@@ -365,6 +419,19 @@ class Manifest(_Strict):
         for strategy in self.strategies:
             if isinstance(strategy, DagStrategy) and not set(strategy.inputs) <= set(dims):
                 raise ValueError(f"strategy {strategy.name!r} reads undeclared extractors")
+            if isinstance(strategy, GatingStrategy):
+                for point in strategy.points:
+                    unknown = [f for f in point.gate_features if f not in dims]
+                    if unknown:
+                        raise ValueError(
+                            f"strategy {strategy.name!r}: gate of {point.id!r} reads undeclared "
+                            f"extractors {unknown}"
+                        )
+                    if point.gate_input_dims != sum(dims[f] for f in point.gate_features):
+                        raise ValueError(
+                            f"strategy {strategy.name!r}: gate of {point.id!r}: "
+                            "gate_input_dims disagrees with its extractors"
+                        )
             if isinstance(strategy, GreedyStrategy):
                 for sequence in strategy.sequences:
                     if not set(sequence.features) <= set(dims):
