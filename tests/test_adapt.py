@@ -176,15 +176,28 @@ def test_synthetic2_l1_baseline_cannot_beat_1_75(
     assert 1.7 <= best <= 1.8  # send cluster 1 to f1, clusters 2-4 to f0
 
 
-def test_synthetic2_adapt_lin_full_accuracy_below_l1(
+def test_synthetic2_adapt_lin_recovers_the_optimal_adaptive_system(
     synth2: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
 ) -> None:
+    """The paper's Fig. 3 claim: ADAPT-LIN finds g and f1 on feature 2 alone (full accuracy at
+    average cost 1.5) where the L1 baseline stops at 1.75 -- no feature is forced out.
+
+    Both features are coordinates in the same units, so the group penalty is applied to the
+    raw weights (``standardize=False``, as in the paper). On standardised features feature 2's
+    wider spread makes its weights look larger and the penalty then prefers feature 1 (1.75).
+    """
     Xtr, ytr, Xte, yte = synth2
-    costs = []
-    for gamma in [0.02, 0.05]:
-        m = AdaptLin(p_full=0.5, gamma=gamma, n_init=8, f0=_knn()).fit(Xtr, ytr)
-        costs.append(_full_accuracy_cost(m, Xte, yte))
-    assert min(costs) < 1.8  # full accuracy at below full cost (2)
+    found: dict[float, float] = {}
+    for gamma in [0.05, 0.1]:
+        m = AdaptLin(p_full=0.5, gamma=gamma, n_init=4, f0=_knn(), standardize=False)
+        m.fit(Xtr, ytr)
+        found[gamma] = _full_accuracy_cost(m, Xte, yte)
+        assert list(m.low_cost_features_) == [1]  # g and f1 share feature 2 only
+        # g sends the two top clusters (1, 2) to f0 and keeps clusters 3, 4 for f1
+        te = make_synthetic2(200, seed=1)
+        routed = m.route(te.X)
+        assert routed[te.cluster <= 1].mean() > 0.99 and routed[te.cluster >= 2].mean() < 0.01
+    assert min(found.values()) == pytest.approx(1.5, abs=0.02), found
 
 
 def test_synthetic2_optimal_system_forced_to_feature_2_has_cost_1_5(

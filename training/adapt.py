@@ -60,6 +60,7 @@ BoolArray = NDArray[np.bool_]
 
 __all__ = [
     "AdaptLin",
+    "FittedF0",
     "L1Baseline",
     "Synthetic2",
     "make_synthetic2",
@@ -202,9 +203,10 @@ class _Scaler:
     scale: FloatArray
 
     @classmethod
-    def fit(cls, X: FloatArray) -> _Scaler:
+    def fit(cls, X: FloatArray, standardize: bool = True) -> _Scaler:
         sd = X.std(axis=0)
-        return cls(X.mean(axis=0), np.where(sd > 0.0, sd, 1.0))
+        scale = np.where(sd > 0.0, sd, 1.0) if standardize else np.ones(X.shape[1])
+        return cls(X.mean(axis=0), scale)
 
     def transform(self, X: FloatArray) -> FloatArray:
         Z = (X - self.mean) / self.scale
@@ -258,6 +260,69 @@ def _fista(
         if converged:
             break
     return theta
+
+
+# --------------------------------------------------------------------------------------------
+# the high-cost model f0
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FittedF0:
+    """A high-cost model fitted once and shared by the fits of a sweep: ``model`` (fitted on
+    the training rows, class indices 0..m-1 in ``np.unique(y)`` order) and ``oof_proba``,
+    its out-of-fold class probabilities on those rows (for B_i; in-sample probabilities
+    of a forest are optimistic). Pass it as ``f0=`` to skip refitting."""
+
+    model: Any
+    oof_proba: FloatArray
+
+    @classmethod
+    def fit(
+        cls,
+        f0: Any,
+        X: ArrayLike,
+        y: ArrayLike,
+        *,
+        cv: int | None = 3,
+        random_state: int | None = 0,
+    ) -> FittedF0:
+        Xa, _, y_idx = _check_Xy(X, y)
+        model = clone(f0).fit(Xa, y_idx)
+        proba: Any = None
+        if cv is not None:
+            folds = min(int(cv), int(np.bincount(y_idx).min()))
+            if folds >= 2:
+                splitter = StratifiedKFold(folds, shuffle=True, random_state=random_state)
+                proba = cross_val_predict(
+                    clone(f0), Xa, y_idx, cv=splitter, method="predict_proba"
+                )
+        if proba is None:
+            proba = model.predict_proba(Xa)
+        return cls(model, np.asarray(proba, dtype=np.float64))
+
+
+def default_f0(random_state: int | None = 0) -> Any:
+    """The paper's f0 for ADAPT-LIN experiments: a random forest on all features."""
+    return RandomForestClassifier(n_estimators=200, random_state=random_state)
+
+
+def _fit_f0(
+    f0: Any, Xa: FloatArray, y_idx: IntArray, cv: int | None, random_state: int | None
+) -> FittedF0:
+    if isinstance(f0, FittedF0):
+        if f0.oof_proba.shape[0] != Xa.shape[0]:
+            raise ValueError(
+                f"the FittedF0 was fitted on {f0.oof_proba.shape[0]} rows, X has {Xa.shape[0]}"
+            )
+        return f0
+    model = default_f0(random_state) if f0 is None else f0
+    return FittedF0.fit(model, Xa, y_idx, cv=cv, random_state=random_state)
+
+
+def _check_f0_param(f0: Any) -> None:
+    if f0 is not None and not isinstance(f0, FittedF0) and not hasattr(f0, "predict_proba"):
+        raise TypeError("f0 must be a classifier with predict_proba (or a FittedF0)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,8 +416,10 @@ class AdaptLin(_GatedClassifier):
         init_scale: float = 2.0,
         reweight: int = 0,
         reweight_eps: float = 0.1,
+        standardize: bool = True,
         random_state: int | None = 0,
     ) -> None:
+        self.standardize = standardize
         self.n_init = n_init
         self.reweight = reweight
         self.reweight_eps = reweight_eps
@@ -385,8 +452,7 @@ class AdaptLin(_GatedClassifier):
             raise ValueError("tol must be > 0")
         if self.f0_cv is not None:
             _check_pos_int(self.f0_cv, "f0_cv", minimum=2)
-        if self.f0 is not None and not hasattr(self.f0, "predict_proba"):
-            raise TypeError("f0 must be a classifier with predict_proba")
+        _check_f0_param(self.f0)
 
     # -- fitting -------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptLin:
@@ -399,27 +465,12 @@ class AdaptLin(_GatedClassifier):
         self.n_features_in_ = k
         self.costs_ = costs
 
-        f0 = (
-            RandomForestClassifier(n_estimators=200, random_state=self.random_state)
-            if self.f0 is None
-            else clone(self.f0)
-        )
-        f0.fit(Xa, y_idx)
-        self.f0_ = f0
-        if self.f0_cv is not None:
-            n_min = int(np.bincount(y_idx).min())
-            folds = min(int(self.f0_cv), n_min)
-            if folds >= 2:
-                cv = StratifiedKFold(folds, shuffle=True, random_state=self.random_state)
-                p0 = cross_val_predict(clone(f0), Xa, y_idx, cv=cv, method="predict_proba")
-            else:
-                p0 = f0.predict_proba(Xa)
-        else:
-            p0 = f0.predict_proba(Xa)
-        p0 = np.asarray(p0, dtype=np.float64)
+        fitted = _fit_f0(self.f0, Xa, y_idx, self.f0_cv, self.random_state)
+        self.f0_ = fitted.model
+        p0 = fitted.oof_proba
         loss0 = -np.log(np.clip(p0[np.arange(n), y_idx], _EPS_PROB, 1.0))
 
-        self.scaler_ = _Scaler.fit(Xa)
+        self.scaler_ = _Scaler.fit(Xa, bool(self.standardize))
         Z = self.scaler_.transform(Xa)
         Y = np.zeros((n, m))
         Y[np.arange(n), y_idx] = 1.0
@@ -633,8 +684,7 @@ class L1Baseline(_GatedClassifier):
         if C == 0.0:
             raise ValueError("C must be > 0")
         _check_fraction(self.gate_threshold, "gate_threshold")
-        if self.f0 is not None and not hasattr(self.f0, "predict_proba"):
-            raise TypeError("f0 must be a classifier with predict_proba")
+        _check_f0_param(self.f0)
         Xa, classes, y_idx = _check_Xy(X, y)
         k = Xa.shape[1]
         self.classes_ = classes
@@ -661,12 +711,7 @@ class L1Baseline(_GatedClassifier):
             else:
                 self.gate_ = None
                 self.gate_const_ = float(correct.mean())
-        f0 = (
-            RandomForestClassifier(n_estimators=200, random_state=self.random_state)
-            if self.f0 is None
-            else clone(self.f0)
-        )
-        self.f0_ = f0.fit(Xa, y_idx)
+        self.f0_ = _fit_f0(self.f0, Xa, y_idx, None, self.random_state).model
         self.n_classes_ = classes.size
         self.low_cost_ = float(self.costs_[self.selected_].sum())
         self.full_cost_ = float(self.costs_.sum())

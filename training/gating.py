@@ -1,0 +1,440 @@
+"""Gating (paper 001) from fitted estimators to operating points: sweep, Pareto set, ONNX.
+
+A fitted gated system (:class:`training.adapt.AdaptLin`, :class:`training.adapt.L1Baseline`,
+:class:`training.adapt_gbrt.AdaptGbrt`, GreedyMiser) becomes one operating point of a bundle's
+``gating`` strategy: a gate g over its own columns (ONNX, one score; above ``threshold`` the
+item goes to f0), a low-cost model f1 over its own columns (ONNX probabilities, or a constant
+prior when it uses none) and the shared high-cost model f0. Every exported graph is checked
+against the fitted estimator before it is used (:class:`GatingExportMismatch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from training.adapt import AdaptLin, FittedF0, L1Baseline
+from training.adapt_gbrt import AdaptGbrt
+from training.export import ATOL, export_classifier
+
+FloatArray = npt.NDArray[np.float64]
+Gated = AdaptLin | L1Baseline | AdaptGbrt
+_OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+
+
+class GatingExportMismatch(RuntimeError):
+    """An exported gate or model disagrees with the fitted estimator: nothing is written."""
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX graphs
+# --------------------------------------------------------------------------------------------
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], width: int,
+           output: str, out_width: int) -> bytes:
+    graph = helper.make_graph(
+        nodes,
+        "budgetserve_gating",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [None, out_width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=_OPSET[:1])
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def linear_softmax_onnx(coef: FloatArray, intercept: FloatArray) -> bytes:
+    """``probabilities = softmax(features @ coef + intercept)``; coef is (columns, classes)."""
+    inits = [
+        numpy_helper.from_array(np.asarray(coef, dtype=np.float32), "W"),
+        numpy_helper.from_array(np.asarray(intercept, dtype=np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "W"], ["s0"]),
+        helper.make_node("Add", ["s0", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+    ]
+    return _model(nodes, inits, coef.shape[0], "probabilities", coef.shape[1])
+
+
+def linear_score_onnx(coef: FloatArray, intercept: float) -> bytes:
+    """``score = features @ coef + intercept`` as an (N, 1) output."""
+    inits = [
+        numpy_helper.from_array(np.asarray(coef, dtype=np.float32).reshape(-1, 1), "w"),
+        numpy_helper.from_array(np.asarray([intercept], dtype=np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["s0"]),
+        helper.make_node("Add", ["s0", "b"], ["score"]),
+    ]
+    return _model(nodes, inits, coef.shape[0], "score", 1)
+
+
+def select_columns(model_bytes: bytes, columns: Sequence[int], width: int) -> bytes:
+    """A model trained on all ``width`` columns, re-wired to take only ``columns`` (in that
+    order): a 0/1 matrix scatters them into a full-width row whose other entries are 0. Exact
+    when the model never reads the other columns (trees that never split on them)."""
+    model = onnx.load_from_string(model_bytes)
+    graph = model.graph
+    old = graph.input[0].name
+    scatter = np.zeros((len(columns), width), dtype=np.float32)
+    for j, c in enumerate(columns):
+        scatter[j, c] = 1.0
+    wide = "full_width_features"
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = wide
+    graph.initializer.append(numpy_helper.from_array(scatter, "column_scatter"))
+    graph.node.insert(0, helper.make_node("MatMul", ["features", "column_scatter"], [wide]))
+    del graph.input[:]
+    graph.input.append(
+        helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, len(columns)])
+    )
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def lightgbm_onnx(model: Any, width: int) -> bytes:
+    """A LightGBM Booster or LGBMClassifier as ONNX (``probabilities`` without ZipMap for
+    classifiers, the raw sum for a regression objective)."""
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    onx = onnxmltools.convert_lightgbm(
+        model,
+        initial_types=[("features", FloatTensorType([None, width]))],
+        zipmap=False,
+        target_opset=15,  # the highest the LightGBM converter supports
+    )
+    return bytes(onx.SerializeToString())
+
+
+def _raw_score_booster(booster: lgb.Booster) -> lgb.Booster:
+    """The gate booster with its objective renamed ``regression``: its raw score (the sum of
+    its trees, g(x)) is then what converters export. The trees are unchanged."""
+    renamed = {"objective=": "objective=regression", "[objective: ": "[objective: regression]"}
+    lines = []
+    for line in booster.model_to_string().splitlines():
+        for prefix, replacement in renamed.items():
+            if line.startswith(prefix):
+                line = replacement
+        lines.append(line)
+    return lgb.Booster(model_str="\n".join(lines) + "\n")
+
+
+def _run(model: bytes, x: npt.NDArray[np.float32]) -> FloatArray:
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    name = "probabilities" if "probabilities" in outputs else outputs[-1]
+    out = session.run([name], {session.get_inputs()[0].name: x})[0]
+    return np.asarray(out, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# fitted estimator -> exported parts
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportedGate:
+    """``onnx`` None: the gate never sends an item to f0."""
+
+    onnx: bytes | None
+    columns: list[int]
+    threshold: float = 0.0
+
+
+@dataclass
+class ExportedModel:
+    """An ONNX classifier over ``columns``, or (``onnx`` None) a constant ``prior``."""
+
+    onnx: bytes | None
+    columns: list[int]
+    prior: list[float] | None = None
+
+
+@dataclass
+class ExportedSystem:
+    gate: ExportedGate
+    f1: ExportedModel
+    always_full: bool = False  # the gate sends every item to f0 (a dominated point)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-12), 1.0 - 1e-12)
+    return math.log(p / (1.0 - p))
+
+
+def _export_lin(est: AdaptLin) -> ExportedSystem:
+    f1_cols = [int(c) for c in est.f1_features_]
+    gate_cols = [int(c) for c in est.gate_features_]
+    if f1_cols:
+        f1 = ExportedModel(
+            linear_softmax_onnx(est.f1_coef_[f1_cols], est.f1_intercept_), f1_cols
+        )
+    else:
+        logits = est.f1_intercept_ - np.max(est.f1_intercept_)
+        prior = np.exp(logits) / np.exp(logits).sum()
+        f1 = ExportedModel(None, [], [float(p) for p in prior])
+    if gate_cols:
+        gate = ExportedGate(
+            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_), gate_cols
+        )
+        return ExportedSystem(gate, f1)
+    return ExportedSystem(ExportedGate(None, []), f1, always_full=est.gate_intercept_ > 0.0)
+
+
+def _export_l1(est: L1Baseline) -> ExportedSystem:
+    cols = [int(c) for c in est.selected_]
+    mean, scale = est.scaler_.mean[cols], est.scaler_.scale[cols]
+
+    def raw(coef: FloatArray, intercept: FloatArray) -> tuple[FloatArray, FloatArray]:
+        # z = (x − μ)/σ  ⇒  w_raw = w/σ, b_raw = b − Σ μ w/σ ; coef is (outputs, columns)
+        w = (coef / scale).T
+        return w, intercept - mean @ w
+
+    if est.f1_ is None:
+        f1 = ExportedModel(None, [], [float(p) for p in est.prior_])
+    else:
+        w, b = raw(est.f1_.coef_, est.f1_.intercept_)
+        if w.shape[1] == 1:  # binary logistic regression: softmax over [0, s]
+            w, b = np.hstack([np.zeros_like(w), w]), np.concatenate([[0.0], b])
+        f1 = ExportedModel(linear_softmax_onnx(w, b), cols)
+    if est.gate_ is None:
+        routes_all = est.gate_const_ < float(est.gate_threshold)
+        return ExportedSystem(ExportedGate(None, []), f1, always_full=routes_all)
+    # route when P(correct) < τ  ⇔  −logit P(correct) > −logit τ
+    w, b = raw(est.gate_.coef_, est.gate_.intercept_)
+    gate = ExportedGate(
+        linear_score_onnx(-w[:, 0], float(-b[0])), cols, threshold=-_logit(est.gate_threshold)
+    )
+    return ExportedSystem(gate, f1)
+
+
+def _export_gbrt(est: AdaptGbrt) -> ExportedSystem:
+    k = est.n_features_in_
+    f1_cols = [int(c) for c in est.f1_features_]
+    booster = est.f1_booster_
+    assert booster is not None
+    if f1_cols:
+        f1 = ExportedModel(select_columns(lightgbm_onnx(booster, k), f1_cols, k), f1_cols)
+    else:  # stumps only: a constant
+        f1 = ExportedModel(None, [], [float(p) for p in est.f1_proba(np.zeros((1, k)))[0]])
+    gate_booster = est.gate_booster_
+    gate_cols = [int(c) for c in est.gate_features_]
+    if gate_booster is None:
+        return ExportedSystem(ExportedGate(None, []), f1)
+    if not gate_cols:
+        constant = float(est.gate_score(np.zeros((1, k)))[0])
+        return ExportedSystem(ExportedGate(None, []), f1, always_full=constant > 0.0)
+    gate_onnx = lightgbm_onnx(_raw_score_booster(gate_booster), k)
+    return ExportedSystem(ExportedGate(select_columns(gate_onnx, gate_cols, k), gate_cols), f1)
+
+
+def export_system(est: Gated) -> ExportedSystem:
+    """The gate and f1 of a fitted gated system, as ONNX over the columns each one uses."""
+    if isinstance(est, AdaptGbrt):
+        return _export_gbrt(est)
+    if isinstance(est, AdaptLin):
+        return _export_lin(est)
+    return _export_l1(est)
+
+
+def export_f0(model: Any, width: int) -> bytes:
+    """f0 (fitted on all ``width`` columns, classes as indices) as ONNX probabilities."""
+    if isinstance(model, lgb.LGBMClassifier | lgb.Booster):
+        return lightgbm_onnx(model, width)
+    return export_classifier(model, width)
+
+
+def system_outputs(est: Gated, X: FloatArray) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """What the fitted estimator does on rows ``X``: (sent to f0, f1's probabilities)."""
+    if isinstance(est, L1Baseline):
+        return est.route(X), est._f1_proba_z(est._z(X))
+    return est.route(X), est.f1_proba(X)
+
+
+def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: str) -> float:
+    """Run the exported gate and f1 on ``X`` and compare with the fitted estimator; raises
+    :class:`GatingExportMismatch`. Returns the largest probability deviation."""
+    x32 = np.asarray(X, dtype=np.float32)
+    routed, f1_expected = system_outputs(est, np.asarray(x32, dtype=np.float64))
+    if system.f1.onnx is None:
+        assert system.f1.prior is not None
+        f1_got = np.tile(np.asarray(system.f1.prior), (X.shape[0], 1))
+    else:
+        f1_got = _run(system.f1.onnx, x32[:, system.f1.columns])
+    if f1_got.shape != f1_expected.shape:
+        raise GatingExportMismatch(
+            f"{label}: f1 ONNX gives shape {f1_got.shape}, the fitted model {f1_expected.shape}"
+        )
+    err = float(np.max(np.abs(f1_got - f1_expected))) if f1_got.size else 0.0
+    if not err <= ATOL:
+        raise GatingExportMismatch(f"{label}: f1 ONNX differs from the fitted model by {err:.3g}")
+    gate = system.gate
+    if gate.onnx is None:
+        got_routed = np.full(X.shape[0], system.always_full)
+    else:
+        got_routed = _run(gate.onnx, x32[:, gate.columns])[:, 0] > gate.threshold
+    # float32 inference may flip items that sit on the threshold; anything more is a bug.
+    disagree = float(np.mean(got_routed != routed))
+    if disagree > 0.002:
+        raise GatingExportMismatch(
+            f"{label}: the exported gate routes {disagree:.1%} of the check rows differently"
+        )
+    return err
+
+
+# --------------------------------------------------------------------------------------------
+# sweep and Pareto set
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepPoint:
+    """One fitted configuration, scored on validation rows (and test rows when given)."""
+
+    method: str
+    p_full: float
+    regularisation: float
+    estimator: Gated
+    val_accuracy: float
+    val_cost: float
+    val_fraction_full: float
+    test_accuracy: float = math.nan
+    test_cost: float = math.nan
+    params: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        extra = "".join(f"-{k}{v:g}" for k, v in sorted(self.params.items()))
+        return f"{self.method}-p{self.p_full:g}-r{self.regularisation:g}{extra}"
+
+
+@dataclass(frozen=True)
+class Config:
+    method: str  # adapt-gbrt | greedymiser | adapt-lin | l1
+    p_full: float
+    regularisation: float
+
+
+METHODS = ("adapt-gbrt", "greedymiser", "adapt-lin", "l1")
+
+
+def default_grid(methods: Iterable[str] = METHODS) -> list[Config]:
+    """The (method, P_full, γ/λ/C) grid swept by default."""
+    grid: list[Config] = []
+    for method in methods:
+        if method == "adapt-gbrt":
+            grid += [Config(method, p, lam) for p in (0.1, 0.25, 0.5)
+                     for lam in (1e-3, 1e-2, 3e-2, 0.1)]
+        elif method == "greedymiser":
+            grid += [Config(method, 0.0, lam) for lam in (1e-3, 1e-2, 3e-2, 0.1, 0.3)]
+        elif method == "adapt-lin":
+            grid += [Config(method, p, g) for p in (0.2, 0.4, 0.6)
+                     for g in (0.003, 0.01, 0.03, 0.1)]
+        elif method == "l1":  # regularisation = C; the gate threshold is swept after the fit
+            grid += [Config(method, 0.0, c) for c in (0.003, 0.01, 0.03, 0.1, 1.0)]
+        else:
+            raise ValueError(f"unknown gating method {method!r}; known: {list(METHODS)}")
+    return grid
+
+
+L1_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def fit_config(
+    config: Config,
+    X: FloatArray,
+    y: npt.NDArray[Any],
+    *,
+    costs: FloatArray,
+    f0: FittedF0,
+    f0_linear: FittedF0 | None = None,
+    random_state: int = 0,
+) -> Gated:
+    """Fit one configuration of the grid (the shared f0 is not refitted)."""
+    if config.method in ("adapt-gbrt", "greedymiser"):
+        return AdaptGbrt(p_full=config.p_full, lam=config.regularisation, feature_costs=costs,
+                         f0=f0, random_state=random_state).fit(X, y)
+    if config.method == "adapt-lin":
+        return AdaptLin(p_full=config.p_full, gamma=config.regularisation, feature_costs=costs,
+                        f0=f0 if f0_linear is None else f0_linear, n_init=2,
+                        random_state=random_state).fit(X, y)
+    if config.method == "l1":
+        return L1Baseline(C=config.regularisation, feature_costs=costs, f0=f0,
+                          random_state=random_state).fit(X, y)
+    raise ValueError(f"unknown gating method {config.method!r}; known: {list(METHODS)}")
+
+
+def _score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float, float]:
+    routed = est.route(X)
+    return (float(np.mean(est.predict(X) == y)), float(np.mean(est.feature_cost(X))),
+            float(np.mean(routed)))
+
+
+def sweep(
+    X: FloatArray,
+    y: npt.NDArray[Any],
+    X_val: FloatArray,
+    y_val: npt.NDArray[Any],
+    *,
+    costs: FloatArray,
+    f0: FittedF0,
+    grid: Sequence[Config],
+    X_test: FloatArray | None = None,
+    y_test: npt.NDArray[Any] | None = None,
+    random_state: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[SweepPoint]:
+    """Fit every configuration and score it (L1: one point per gate threshold)."""
+    points: list[SweepPoint] = []
+    for i, config in enumerate(grid):
+        est = fit_config(config, X, y, costs=costs, f0=f0, random_state=random_state)
+        variants: list[tuple[Gated, dict[str, float]]] = [(est, {})]
+        if isinstance(est, L1Baseline):
+            variants = []
+            for tau in L1_THRESHOLDS:
+                clone_est = _l1_with_threshold(est, tau)
+                variants.append((clone_est, {"t": tau}))
+        for variant, extra in variants:
+            acc, cost, frac = _score(variant, X_val, y_val)
+            point = SweepPoint(config.method, config.p_full, config.regularisation, variant,
+                               acc, cost, frac, params=extra)
+            if X_test is not None and y_test is not None:
+                point.test_accuracy, point.test_cost, _ = _score(variant, X_test, y_test)
+            points.append(point)
+        if progress is not None:
+            progress(i + 1, len(grid))
+    return points
+
+
+def _l1_with_threshold(est: L1Baseline, tau: float) -> L1Baseline:
+    """The same fitted L1 system with another gate threshold (routing only, no refit)."""
+    import copy
+
+    out = copy.copy(est)
+    out.gate_threshold = tau
+    return out
+
+
+def pareto(points: Sequence[SweepPoint]) -> list[SweepPoint]:
+    """The points no other point beats on validation (cheaper and at least as accurate):
+    sorted by cost, accuracy strictly rising."""
+    out: list[SweepPoint] = []
+    for p in sorted(points, key=lambda p: (p.val_cost, -p.val_accuracy)):
+        if not out or p.val_accuracy > out[-1].val_accuracy:
+            out.append(p)
+    return out
