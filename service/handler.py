@@ -192,6 +192,7 @@ class PredictHandler:
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics
         m.spent.labels(model=response.model).observe(response.cost.spent)
+        m.budget.labels(model=response.model).observe(response.cost.budget)
         utilisation = response.cost.spent / response.cost.budget
         m.utilisation.labels(model=response.model).observe(utilisation)
         if response.deadline_exceeded:

@@ -46,6 +46,11 @@ class Metrics:
             "budgetserve_spent_cost", "Cost spent per request, in the bundle's unit",
             ["model"], buckets=_COST, registry=r,
         )
+        self.budget = Histogram(
+            "budgetserve_request_budget",
+            "Budget granted per answered request, in the bundle's unit", ["model"],
+            buckets=_COST, registry=r,
+        )
         self.utilisation = Histogram(
             "budgetserve_budget_utilisation", "Spent cost / budget per request", ["model"],
             buckets=_UTILISATION, registry=r,
