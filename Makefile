@@ -8,14 +8,15 @@ BUNDLE := models/digits/manifest.json
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test bench bundle lint schema clean help
+.PHONY: serve test bench bundle lint check-deploy schema clean help
 
 help:
 	@echo "make serve   build the embedded digits bundle if missing, serve on $(HOST):$(PORT)"
 	@echo "make test    run the test suite (starts a throwaway redis-server unless REDIS_URL is set)"
 	@echo "make bench   run the benchmarks, results in docs/benchmarks/"
 	@echo "make bundle  rebuild models/digits from scratch (profiling + training, a few minutes)"
-	@echo "make lint    ruff + mypy"
+	@echo "make lint    ruff + mypy + check-deploy"
+	@echo "make check-deploy  promtool checks and tests of deploy/prometheus, compose file validation"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 is required, found {sys.version.split()[0]}"'
@@ -34,14 +35,19 @@ bundle: $(STAMP)
 	$(BIN)/budgetserve-train build --out models/digits --force
 
 test: $(STAMP) $(BUNDLE)
+	scripts/ensure-prometheus.sh
 	scripts/with-redis.sh $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) $(BUNDLE)
 	$(BIN)/python -m training.bench
 
-lint: $(STAMP)
+lint: $(STAMP) check-deploy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+check-deploy: $(STAMP)
+	scripts/ensure-prometheus.sh
+	$(BIN)/python scripts/check_deploy.py
 
 schema: $(STAMP)
 	$(BIN)/python -m service.bundle > service/schema/manifest.schema.json
