@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.check_deploy import (
@@ -27,8 +28,9 @@ from scripts.check_deploy import (
 )
 from service.api import create_app
 from service.cache import InProcessCache
+from service.metrics import Metrics
 from service.settings import Settings
-from tests.conftest import digit_image, png_b64
+from tests.conftest import ROOT, digit_image, png_b64
 
 GRAFANA = DEPLOY / "grafana"
 
@@ -223,3 +225,22 @@ def test_request_budget_metric(digits_bundle_dir: Path) -> None:
     assert samples[("budgetserve_request_budget_bucket", (("le", "5.0"), *model))] == 1
     assert not any(n.startswith("budgetserve_request_budget") and ("model", "nosuch") in k
                    for n, k in samples)
+
+
+def test_operating_doc_lists_every_metric_and_alert() -> None:
+    doc = (ROOT / "docs" / "operating.md").read_text()
+    rows = {
+        m.group(1): (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))))
+        for m in re.finditer(r"^\| `(budgetserve_\w+)` \| (\w+) \|([^|]*)\|", doc, re.M)
+    }
+    metrics = [m for m in vars(Metrics()).values() if isinstance(m, MetricWrapperBase)]
+    assert metrics
+    actual = {
+        m._name + ("_total" if m._type == "counter" else ""): (m._type, set(m._labelnames))
+        for m in metrics
+    }
+    assert rows == actual
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert set(re.findall(r"^\| `(Budgetserve\w+)` \|", doc, re.M)) == alerts
+    assert all(f"**{name}**" in doc for name in alerts), "an alert without what to do"
