@@ -16,7 +16,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import errors
-from service.bundle import AnyStrategy, DagStrategy, Manifest, PolyDomStrategy
+from service.bundle import (
+    AnyStrategy,
+    DagStrategy,
+    GatingStrategy,
+    Manifest,
+    PolyDomStrategy,
+)
 from service.cache import FeatureCache, make_cache
 from service.handler import PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
@@ -266,7 +272,9 @@ def create_app(
         size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
         strategy: Annotated[str | None, Query(max_length=64)] = None,
     ) -> dict[str, Any]:
-        """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted."""
+        """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted; ``model``
+        is a model id, or an operating point id for strategies that choose between points
+        (gating: its cost is the expected cost, its features those of the gate and f1)."""
         bundle = _registry().get(name)
         runtime = bundle.strategy(strategy)
         return {
@@ -277,7 +285,7 @@ def create_app(
             "calibrated": bundle.costs.calibrated,
             "skyline": [
                 {"cost": cost, "accuracy": acc, "model": model,
-                 "features": list(runtime.model_features[model])}
+                 "features": runtime.skyline_features(model)}
                 for cost, acc, model in runtime.skyline(size)
             ],
         }
@@ -334,6 +342,20 @@ def _strategy_summary(s: AnyStrategy) -> dict[str, Any]:
                 {"cost_scale": p.cost_scale, "mean_cost": p.mean_cost, "error": p.error,
                  "states": len(p.states)}
                 for p in s.policies
+            ],
+        }
+    if isinstance(s, GatingStrategy):
+        return {
+            "name": s.name,
+            "kind": s.kind,
+            "anytime": True,
+            "points": [
+                {"id": p.id, "method": p.method, "p_full": p.p_full,
+                 "regularisation": p.regularisation, "gated": p.gate_file is not None,
+                 "gate_features": p.gate_features, "low_model": p.low_model,
+                 "high_model": p.high_model, "mean_cost": p.mean_cost,
+                 "fraction_full": p.fraction_full, "accuracy": p.accuracy}
+                for p in s.points
             ],
         }
     if isinstance(s, PolyDomStrategy):

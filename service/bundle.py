@@ -285,7 +285,7 @@ class GatePoint(_Strict):
     regularisation: float = Field(ge=0, description="the cost weight (gamma or lambda)")
     gate_file: str | None = Field(
         default=None,
-        description="ONNX gate: input 'features' (1 x sum of gate_features' dims, their values "
+        description="ONNX gate: one input (1 x sum of gate_features' dims, their values "
         "concatenated in order) -> one output of shape (1, 1), the gate score; a score above "
         "``threshold`` sends the item to f0. None: the gate never does (f1 answers everything)",
     )
@@ -293,9 +293,16 @@ class GatePoint(_Strict):
     gate_input_dims: int = Field(default=0, ge=0)
     threshold: float = 0.0
     low_model: str = Field(description="id of f1 among the bundle's models")
-    high_model: str = Field(description="id of f0 among the bundle's models")
+    high_model: str = Field(
+        description="id of f0 among the bundle's models: it reads every feature f1 reads, and "
+        "differs from f1 when there is a gate (both checked when the service loads the bundle)"
+    )
     mean_cost: float = Field(ge=0, description="average feature cost per item on held-out data")
-    fraction_full: float = Field(ge=0, le=1, description="fraction of held-out items sent to f0")
+    fraction_full: float = Field(
+        ge=0, le=1,
+        description="fraction of held-out items sent to f0; the service's expected cost of the "
+        "point at an item's size is c(g's and f1's features) + fraction_full x c(f0's others)",
+    )
     accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the gated system")
 
     @model_validator(mode="after")

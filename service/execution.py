@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ class Execution:
     spent: float
     path: list[list[str]] | None = None
     expected_accuracy: float | None = None
+    report: dict[str, Any] | None = None
 
     def over_budget(self, budget: float) -> bool:
         return self.spent > budget
@@ -128,4 +130,5 @@ def execute(
         spent=(finished - start) * 1000.0 if measured else declared,
         path=session.path(),
         expected_accuracy=session.expected_accuracy,
+        report=session.report(),
     )

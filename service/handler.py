@@ -169,6 +169,7 @@ class PredictHandler:
             model_version=manifest.version,
             answered_by=run.answer,
             path=run.path,
+            decision=run.report,
             deadline_exceeded=run.over_budget(budget),
             cost=CostReport(
                 unit=manifest.cost_unit,

@@ -13,6 +13,24 @@ from service.errors import BundleError
 from service.types import FloatVector
 
 
+def open_onnx(bundle_dir: Path, file: str, what: str) -> ort.InferenceSession:
+    """An ONNX Runtime session on ``bundle_dir / file`` (one thread: requests run in
+    parallel, not their models); ``BundleError`` naming ``what`` if the file is missing or
+    does not load."""
+    path = bundle_dir / file
+    if not path.is_file():
+        raise BundleError(f"{what}: ONNX file {file!r} is missing")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    try:
+        return ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise BundleError(f"{what}: cannot load {file!r}: {exc}") from exc
+
+
 class LoadedModel:
     """One model of a bundle: ``predict_proba(features) -> class probabilities``."""
 
@@ -25,18 +43,7 @@ class LoadedModel:
             self._prior = np.asarray(spec.prior, dtype=np.float32)
             return
         assert spec.file is not None
-        path = bundle_dir / spec.file
-        if not path.is_file():
-            raise BundleError(f"model {spec.id!r}: ONNX file {spec.file!r} is missing")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        try:
-            self._session = ort.InferenceSession(
-                str(path), sess_options=options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise BundleError(f"model {spec.id!r}: cannot load {spec.file!r}: {exc}") from exc
+        self._session = open_onnx(bundle_dir, spec.file, f"model {spec.id!r}")
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             raise BundleError(f"model {spec.id!r}: expected one input, found {len(inputs)}")

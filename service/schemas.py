@@ -58,6 +58,15 @@ class PredictResponse(BaseModel):
     path: list[list[str]] | None = Field(
         default=None, description="states visited (features acquired) by graph strategies"
     )
+    decision: dict[str, Any] | None = Field(
+        default=None,
+        description="the strategy's account of its decisions, for strategies that give one "
+        "(null otherwise). Gating: {'kind': 'gating', 'point': operating point id, 'method': "
+        "how it was trained, 'score': the gate's score or null when no gate ran, "
+        "'sent_to_high': the gate sent the item to the high-cost model, 'answered_by': "
+        "'low' | 'high' | 'fallback' (a model computable from the features in hand, when the "
+        "budget ran out before the gate could run)}",
+    )
     deadline_exceeded: bool = Field(
         description="the measured cost passed the budget (extraction stopped as soon as it did)"
     )

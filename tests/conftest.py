@@ -9,10 +9,14 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from PIL import Image
+
+if TYPE_CHECKING:
+    from tests.gating_bundle import GatingFixture
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_BUNDLE = ROOT / "models" / "digits"
@@ -128,3 +132,17 @@ def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dag")
     build_dag_bundle(root / "router", spec, x, y.astype(str), ROUTER_COLUMNS)
     return root / "router"
+
+
+@pytest.fixture(scope="session")
+def gating_bundle(tmp_path_factory: pytest.TempPathFactory) -> GatingFixture:
+    """A real gating bundle (paper 001's format; tabular, declared costs): a gate on a cheap
+    sensor choosing between a low-cost and a high-cost model (see tests/gating_bundle.py)."""
+    from tests.gating_bundle import build_gating_bundle
+
+    return build_gating_bundle(tmp_path_factory.mktemp("gating") / "gating")
+
+
+@pytest.fixture(scope="session")
+def gating_bundle_dir(gating_bundle: GatingFixture) -> Path:
+    return gating_bundle.path

@@ -20,16 +20,19 @@ from service.strategies.polydom_index import naive_lookup
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
 # (bundle, strategy) pairs the contract runs on: every strategy of every bundle we build.
-CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [("router", "dag")]
+CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [
+    ("router", "dag"), ("gating", "gating"), ("gating", "gate-0")]
 ANYTIME = [case for case in CASES if case[1] != "polydom"]
 
 
 @pytest.fixture(scope="module")
 def bundles(
-    digits_bundle_dir: Path, tiny_bundle_dir: Path, router_bundle_dir: Path
+    digits_bundle_dir: Path, tiny_bundle_dir: Path, router_bundle_dir: Path,
+    gating_bundle_dir: Path,
 ) -> dict[str, Bundle]:
     return {name: load_bundle(path, max_pixels=1 << 24) for name, path in (
-        ("digits", digits_bundle_dir), ("tiny", tiny_bundle_dir), ("router", router_bundle_dir))}
+        ("digits", digits_bundle_dir), ("tiny", tiny_bundle_dir), ("router", router_bundle_dir),
+        ("gating", gating_bundle_dir))}
 
 
 @pytest.fixture(scope="module", params=["digits", "tiny"])

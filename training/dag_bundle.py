@@ -225,16 +225,8 @@ def build_dag_bundle(
             classes=classes,
             cost_unit=spec.unit,
             cost_basis="declared",
-            item=ItemSpec(kind="tabular", columns=[c for s in sensor_names
-                                                   for c in spec.sensors[s]], size_unit="row"),
-            extractors=[
-                ExtractorSpec(
-                    name=s, plugin="sensor", version="1", dims=len(spec.sensors[s]),
-                    params={"columns": list(spec.sensors[s])},
-                    cost=CostPolynomial(coefficients=[costs[s]], unit=spec.unit),
-                )
-                for s in sensor_names
-            ],
+            item=tabular_item(spec.sensors),
+            extractors=sensor_extractors(spec.sensors, costs, spec.unit),
             models=models,
             strategies=[DagStrategy(
                 name="dag", groups=[list(g) for g in base.groups_], inputs=sensor_names,
@@ -258,6 +250,27 @@ def build_dag_bundle(
         )
         write_manifest(tmp, manifest)
     return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
+
+
+def tabular_item(sensors: Mapping[str, Sequence[str]]) -> ItemSpec:
+    """The item spec of a tabular bundle: every sensor's columns, sensors in order."""
+    return ItemSpec(kind="tabular", columns=[c for cols in sensors.values() for c in cols],
+                    size_unit="row")
+
+
+def sensor_extractors(
+    sensors: Mapping[str, Sequence[str]], costs: Mapping[str, float], unit: str
+) -> list[ExtractorSpec]:
+    """One ``sensor`` extractor per sensor, serving its columns at its declared cost (a
+    constant: a row's cost does not depend on its size)."""
+    return [
+        ExtractorSpec(
+            name=name, plugin="sensor", version="1", dims=len(columns),
+            params={"columns": list(columns)},
+            cost=CostPolynomial(coefficients=[float(costs[name])], unit=unit),
+        )
+        for name, columns in sensors.items()
+    ]
 
 
 def _fingerprint(x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> str:

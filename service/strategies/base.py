@@ -12,7 +12,7 @@ step, and may override ``predict`` (a gate choosing between models, a tree mixin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -57,6 +57,16 @@ class Observation:
         return self.budget - self.spent
 
 
+# Relative slack of budget comparisons (float sums of costs), as the trainers' comparisons.
+TOLERANCE = 1e-9
+
+
+def affordable(cost: float, available: float, budget: float) -> bool:
+    """Whether ``cost`` fits in ``available`` (of a request's ``budget``), up to the float
+    rounding of summed costs."""
+    return cost <= available + TOLERANCE * max(1.0, abs(budget))
+
+
 class Session(ABC):
     """One request's plan. ``planned`` is the predicted cost of the plan made at the start."""
 
@@ -75,6 +85,12 @@ class Session(ABC):
 
     def path(self) -> list[list[str]] | None:
         """The states visited, for strategies that walk a graph of states (else None)."""
+        return None
+
+    def report(self) -> dict[str, Any] | None:
+        """A small JSON-ready account of the strategy's decisions for this request, returned
+        to the client as ``PredictResponse.decision`` (gating: the operating point, the gate's
+        score and which model answered); None for strategies with nothing to add."""
         return None
 
 
@@ -169,18 +185,19 @@ class StrategyRuntime(ABC):
         return self.models[answer.model].predict_proba(features)
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
-        """(cost, accuracy, model id) of the models this strategy may answer with that are
-        worth their cost at ``size``: sorted by cost, accuracy strictly rising."""
+        """(cost, accuracy, entry) of the models this strategy may answer with that are
+        worth their cost at ``size``: sorted by cost, accuracy strictly rising. An entry is a
+        model id, or what the strategy chooses between (a gating operating point); its
+        features are ``skyline_features(entry)``."""
         per_feature = self.costs.at(size)
-        points = sorted(
-            (sum(per_feature[f] for f in self.model_features[m]), -self.accuracy[m], m)
+        return pareto(
+            (sum(per_feature[f] for f in self.model_features[m]), self.accuracy[m], m)
             for m in self.answerable()
         )
-        out: list[tuple[float, float, str]] = []
-        for cost, neg_acc, model in points:
-            if not out or -neg_acc > out[-1][1]:
-                out.append((cost, -neg_acc, model))
-        return out
+
+    def skyline_features(self, entry: str) -> list[str]:
+        """The features a skyline entry computes (its model's, by default)."""
+        return list(self.model_features[entry])
 
     def answerable(self) -> list[str]:
         """Model ids this strategy may answer with (all of the bundle's by default)."""
@@ -197,6 +214,16 @@ class StrategyRuntime(ABC):
         if best is None:
             raise LookupError("bundle has no model computable from the features in hand")
         return best
+
+
+def pareto(points: Iterable[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The (cost, accuracy, id) points worth their cost: sorted by cost (then accuracy,
+    best first), each strictly more accurate than every cheaper one."""
+    out: list[tuple[float, float, str]] = []
+    for cost, accuracy, entry in sorted(points, key=lambda p: (p[0], -p[1], p[2])):
+        if not out or accuracy > out[-1][1]:
+            out.append((cost, accuracy, entry))
+    return out
 
 
 _REGISTRY: dict[str, type[StrategyRuntime]] = {}

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from service.bundle import DagPolicy, DagStrategy
 from service.errors import BundleError
+from service.inference import open_onnx
 from service.strategies.base import (
     Acquire,
     Answer,
@@ -25,6 +25,7 @@ from service.strategies.base import (
     Session,
     Step,
     StrategyRuntime,
+    affordable,
     register_strategy,
 )
 from service.types import FloatVector
@@ -38,15 +39,7 @@ class _Policy:
         self.states = {s.groups: s for s in spec.states}
         if runtime.bundle_dir is None:
             raise BundleError("a DAG strategy needs its bundle folder to load its policies")
-        path = runtime.bundle_dir / spec.file
-        if not path.is_file():
-            raise BundleError(f"DAG policy file {spec.file!r} is missing")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self.session = open_onnx(runtime.bundle_dir, spec.file, "DAG policy")
         self.input = self.session.get_inputs()[0].name
         width = self.session.get_inputs()[0].shape[-1]
         if isinstance(width, int) and width != runtime.input_width:
@@ -93,9 +86,6 @@ class _Policy:
             node = child
 
 
-_TOLERANCE = 1e-9  # as the trainer's budget comparison
-
-
 class DagSession(Session):
     def __init__(
         self, runtime: DagRuntime, policy: _Policy, per_feature: dict[str, float]
@@ -115,7 +105,7 @@ class DagSession(Session):
 
     def _fits(self, obs: Observation) -> bool:
         cost = sum(self.per_feature[f] for f in self.pending)
-        return cost <= obs.remaining + _TOLERANCE * max(1.0, abs(obs.budget))
+        return affordable(cost, obs.remaining, obs.budget)
 
     def step(self, obs: Observation) -> Step:
         rt = self.runtime

@@ -1,0 +1,323 @@
+"""The gating strategy (paper 001) served end to end: a gating bundle built from real models
+(tests/gating_bundle.py), loaded and answered by the real app."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable, Iterator, Set
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from service.api import create_app
+from service.bundle import GatePoint, GatingStrategy, Manifest, read_manifest
+from service.cache import InProcessCache
+from service.errors import BundleError
+from service.registry import load_bundle
+from service.settings import Settings
+from service.strategies.base import Acquire, Answer, Observation
+from tests.gating_bundle import (
+    COLUMNS,
+    COSTS,
+    GATE_FILE,
+    HIGH,
+    HIGH_FEATURES,
+    LOW,
+    LOW_FEATURES,
+    GatingFixture,
+    columns_of,
+    gate_scores,
+    linear_gate,
+    make_gating_data,
+)
+
+
+@pytest.fixture
+def client(gating_bundle_dir: Path) -> Iterator[TestClient]:
+    """A fresh app and cache per test: rows without an id are cached by content."""
+    app = create_app(Settings(models_dir=gating_bundle_dir.parent), cache=InProcessCache(1 << 20))
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def manifest(gating_bundle_dir: Path) -> Manifest:
+    return read_manifest(gating_bundle_dir)
+
+
+def item(row: np.ndarray, item_id: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"values": dict(zip(COLUMNS, map(float, row), strict=True))}
+    if item_id is not None:
+        out["id"] = item_id
+    return out
+
+
+def predict(client: TestClient, row: np.ndarray, budget: float, strategy: str | None = None,
+            item_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "gating", "item": item(row, item_id), "budget": budget}
+    if strategy is not None:
+        body["strategy"] = strategy
+    r = client.post("/predict", json=body)
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def offline_proba(fx: GatingFixture, model: str, row: np.ndarray) -> np.ndarray:
+    features = LOW_FEATURES if model == LOW else HIGH_FEATURES
+    x = row[columns_of(features)].astype(np.float32).reshape(1, -1)
+    return np.asarray(fx.estimators[model].predict_proba(x)[0])
+
+
+def points_of(manifest: Manifest, strategy: str = "gating") -> list[GatePoint]:
+    spec = manifest.strategy(strategy)
+    assert isinstance(spec, GatingStrategy)
+    return spec.points
+
+
+def expected_cost(manifest: Manifest, point_id: str, cached: Set[str] = frozenset()) -> float:
+    """The point's expected cost, computed from the manifest alone."""
+    point = next(p for p in points_of(manifest) if p.id == point_id)
+    first = set(point.gate_features) | set(manifest.model(point.low_model).features)
+    extra = set(manifest.model(point.high_model).features) - first
+    return sum(COSTS[f] for f in first - cached) + point.fraction_full * sum(
+        COSTS[f] for f in extra - cached)
+
+
+def best_point(manifest: Manifest, budget: float, cached: Set[str] = frozenset()) -> str:
+    points = points_of(manifest)
+    costs = {p.id: expected_cost(manifest, p.id, cached) for p in points}
+    fitting = [p for p in points if costs[p.id] <= budget]
+    if not fitting:
+        return min(points, key=lambda p: costs[p.id]).id
+    return max(fitting, key=lambda p: (p.accuracy, -costs[p.id])).id
+
+
+def test_a_budget_that_covers_only_f1_is_answered_by_f1(
+    client: TestClient, gating_bundle: GatingFixture
+) -> None:
+    x, _ = make_gating_data(40, seed=11)
+    for row in x:
+        body = predict(client, row, budget=1.5)
+        assert body["answered_by"] == LOW and body["features"] == LOW_FEATURES
+        assert body["decision"] == {"kind": "gating", "point": "low", "method": "greedymiser",
+                                    "score": None, "sent_to_high": False, "answered_by": "low"}
+        assert body["cost"]["extracted"] == ["a"]
+        assert body["cost"]["spent"] == 1.0 <= body["cost"]["budget"]
+        assert list(body["probabilities"].values()) == pytest.approx(
+            offline_proba(gating_bundle, LOW, row), abs=1e-5)
+
+
+def test_with_budget_to_spare_the_gate_routes_items_as_offline(
+    client: TestClient, gating_bundle: GatingFixture, manifest: Manifest
+) -> None:
+    x, _ = make_gating_data(80, seed=12)
+    scores = gate_scores(x)
+    [point] = points_of(manifest, "gate-0")
+    classes = manifest.classes
+    routed_count = 0
+    for row, score in zip(x, scores, strict=True):
+        body = predict(client, row, budget=100.0, strategy="gate-0")
+        routed = bool(score > point.threshold)
+        routed_count += routed
+        decision = body["decision"]
+        assert decision["score"] == pytest.approx(float(score), abs=1e-6)
+        assert decision["sent_to_high"] is routed
+        model = HIGH if routed else LOW
+        assert body["answered_by"] == model
+        assert decision["answered_by"] == ("high" if routed else "low")
+        # g's and f1's features for every item, f0's missing ones only for routed items.
+        assert body["cost"]["extracted"] == (["g", "a", "b", "c"] if routed else ["g", "a"])
+        assert body["cost"]["spent"] == (6.0 if routed else 2.0)
+        assert body["path"] == ([[], ["g", "a"], ["g", "a", "b", "c"]] if routed
+                                else [[], ["g", "a"]])
+        proba = offline_proba(gating_bundle, model, row)
+        assert list(body["probabilities"].values()) == pytest.approx(proba, abs=1e-5)
+        assert body["prediction"] == classes[int(np.argmax(proba))]
+        assert body["expected_accuracy"] == point.accuracy
+        assert body["cost"]["planned"] == pytest.approx(expected_cost(manifest, "gate-0"))
+    assert 20 <= routed_count <= 60, "the sample exercises both branches of the gate"
+
+
+def test_f0_answers_only_when_its_missing_features_fit(
+    client: TestClient, manifest: Manifest
+) -> None:
+    # 3 covers g's and f1's features (2) but not f0's missing ones (4): f1 answers everything,
+    # routed items included, and nothing of f0's is computed.
+    x, _ = make_gating_data(40, seed=13)
+    scores = gate_scores(x)
+    f1_accuracy = manifest.model(LOW).accuracy
+    [point] = points_of(manifest, "gate-0")
+    sent = 0
+    for row, score in zip(x, scores, strict=True):
+        body = predict(client, row, budget=3.0, strategy="gate-0")
+        assert body["decision"]["sent_to_high"] is bool(score > 0)
+        sent += bool(score > 0)
+        assert body["answered_by"] == LOW and body["decision"]["answered_by"] == "low"
+        assert body["cost"]["extracted"] == ["g", "a"] and body["cost"]["spent"] == 2.0
+        # The gated system's accuracy holds only when the gate is followed.
+        assert body["expected_accuracy"] == (f1_accuracy if score > 0 else point.accuracy)
+    assert 0 < sent < len(x)
+    assert point.accuracy != f1_accuracy
+
+
+def test_the_most_accurate_fitting_point_is_chosen_by_budget(
+    client: TestClient, manifest: Manifest
+) -> None:
+    budgets = [0.5, 1.0, 2.0, 2.7, 3.9, 4.0, 5.9, 6.0, 50.0]
+    x, _ = make_gating_data(len(budgets), seed=14)
+    chosen = []
+    for row, budget in zip(x, budgets, strict=True):
+        body = predict(client, row, budget=budget)
+        expected = best_point(manifest, budget)
+        assert body["decision"]["point"] == expected, budget
+        assert body["cost"]["spent"] <= budget
+        chosen.append(expected)
+    assert chosen[0] == "low" and chosen[-1] == "full"
+    assert {"low", "gate-1", "gate-0", "full"} <= set(chosen)
+    # Below the cheapest point, g's and f1's features cannot be bought: the prior answers.
+    first = predict(client, x[0] + 1.0, budget=0.5)
+    assert first["answered_by"] == "prior" and first["decision"]["answered_by"] == "fallback"
+    assert first["cost"]["spent"] == 0.0 and first["cost"]["extracted"] == []
+
+
+def test_cached_features_make_a_point_affordable(client: TestClient, manifest: Manifest) -> None:
+    x, _ = make_gating_data(2, seed=15)
+    row = x[0]
+    budget = 2.5
+    cold = predict(client, row, budget=budget, item_id="cold")
+    assert cold["decision"]["point"] == best_point(manifest, budget) == "low"
+    # A first request buys g and a (gate-0 alone, at the budget that pays them), so a second
+    # request at the same budget can afford gate-0 (f0's features at fraction_full only).
+    first = predict(client, row, budget=budget, strategy="gate-0", item_id="warm")
+    assert first["cost"]["extracted"] == ["g", "a"]
+    warm = predict(client, row, budget=budget, item_id="warm")
+    assert sorted(warm["cost"]["cached"]) == ["a", "g"]
+    assert expected_cost(manifest, "gate-0") > budget
+    assert expected_cost(manifest, "gate-0", {"a", "g"}) <= budget
+    assert warm["decision"]["point"] == best_point(manifest, budget, {"a", "g"}) == "gate-0"
+    assert warm["cost"]["planned"] == pytest.approx(expected_cost(manifest, "gate-0", {"a", "g"}))
+
+
+def test_skyline_lists_points_by_expected_cost(client: TestClient, manifest: Manifest) -> None:
+    body = client.get("/models/gating/skyline", params={"size": 1}).json()
+    assert body["strategy"] == "gating"
+    points = {p.id: p for p in points_of(manifest)}
+    ids = [entry["model"] for entry in body["skyline"]]
+    assert ids == ["low", "gate-1", "gate-0", "full"]
+    for entry in body["skyline"]:
+        assert entry["cost"] == pytest.approx(expected_cost(manifest, entry["model"]))
+        assert entry["accuracy"] == points[entry["model"]].accuracy
+    assert [e["features"] for e in body["skyline"]] == [
+        ["a"], ["g", "a"], ["g", "a"], HIGH_FEATURES]
+    summary = client.get("/models/gating").json()
+    gating = next(s for s in summary["strategies"] if s["name"] == "gating")
+    assert gating["kind"] == "gating" and [p["id"] for p in gating["points"]] == list(points)
+
+
+def test_f0_features_that_stop_fitting_midway_leave_the_answer_to_f1(
+    gating_bundle_dir: Path,
+) -> None:
+    runtime = load_bundle(gating_bundle_dir, 1).runtimes["gate-0"]
+    row = np.array([0.5, -2.0, 1.0, 0.3])  # g < 0: the gate sends it to f0
+    values = {"a": row[:1], "g": row[1:2], "b": row[2:3], "c": row[3:4]}
+    session = runtime.begin(1, 6.0, frozenset())
+    in_hand: dict[str, np.ndarray] = {}
+    spent, steps = 0.0, []
+    while True:
+        step = session.step(Observation(size=1, budget=6.0, spent=spent, features=in_hand))
+        if isinstance(step, Answer):
+            break
+        assert isinstance(step, Acquire)
+        steps.append(step.feature)
+        in_hand[step.feature] = values[step.feature].astype(np.float32)
+        # b takes 3 instead of its predicted 2: c (2) no longer fits the 1 left.
+        spent += 3.0 if step.feature == "b" else COSTS[step.feature]
+    assert steps == ["g", "a", "b"]
+    assert step.model == LOW
+    assert session.report() == {"kind": "gating", "point": "gate-0", "method": "adapt-lin",
+                                "score": pytest.approx(float(gate_scores(row[None])[0])),
+                                "sent_to_high": True,
+                                "answered_by": "low"}
+    assert session.expected_accuracy is None, "f1's own accuracy, not the gated system's"
+
+
+def _copy(src: Path, root: Path, mutate: Callable[[dict[str, Any], Path], None]) -> Path:
+    folder = root / "gating"
+    shutil.copytree(src, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    mutate(manifest, folder)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _gate0(manifest: dict[str, Any]) -> dict[str, Any]:
+    point: dict[str, Any] = manifest["strategies"][1]["points"][0]
+    return point
+
+
+def _swap_models(m: dict[str, Any], _: Path) -> None:
+    _gate0(m).update(low_model=HIGH, high_model=LOW)
+
+
+def _same_models(m: dict[str, Any], _: Path) -> None:
+    _gate0(m).update(low_model=HIGH, high_model=HIGH)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0, 2.0, 3.0], 0.0)),
+         "gate 'gate_g.onnx' takes 3 inputs, its gate_features ['g'] give 1"),
+        (lambda m, d: (d / GATE_FILE).unlink(), "ONNX file 'gate_g.onnx' is missing"),
+        (lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0], 0.0, outputs=2)),
+         "outputs shape (1, 2), expected (1, 1)"),
+        (_swap_models, "does not read every feature of the low-cost model"),
+        (_same_models, "chooses between 'a+b+c+g' and itself"),
+    ],
+    ids=["gate-width", "gate-missing", "gate-outputs", "high-lacks-low", "same-models"],
+)
+def test_broken_gates_fail_loading_with_a_clear_reason(
+    gating_bundle_dir: Path, tmp_path: Path,
+    mutate: Callable[[dict[str, Any], Path], None], message: str,
+) -> None:
+    folder = _copy(gating_bundle_dir, tmp_path, mutate)
+    with pytest.raises(BundleError, match=r"gating strategy '.*', point 'gate-[01]'") as info:
+        load_bundle(folder, 1)
+    assert message in str(info.value)
+    app = create_app(Settings(models_dir=tmp_path), cache=InProcessCache(1 << 20))
+    with TestClient(app) as c:
+        listed = c.get("/models").json()
+        assert listed["models"] == []
+        assert message in next(f["error"] for f in listed["failed"] if f["name"] == "gating")
+        r = c.post("/predict", json={"model": "gating", "item": item(np.zeros(4)),
+                                     "budget": 10.0})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "model_not_ready"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("low_model", "nope", "references unknown models ['nope']"),
+        ("high_model", "nope", "references unknown models ['nope']"),
+        ("gate_features", ["zz"], "reads undeclared extractors ['zz']"),
+        ("gate_input_dims", 2, "gate_input_dims disagrees with its extractors"),
+        ("gate_file", None, "gate features without a gate file"),
+        ("id", "low", "duplicate point ids"),
+    ],
+)
+def test_invalid_gating_manifests_are_rejected(
+    manifest: Manifest, field: str, value: Any, message: str
+) -> None:
+    raw = manifest.model_dump(mode="json")
+    Manifest.model_validate(raw)  # the untouched manifest is valid
+    point = next(p for p in raw["strategies"][0]["points"] if p["id"] == "gate-0")
+    point[field] = value
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        Manifest.model_validate(raw)
