@@ -337,6 +337,37 @@ class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     def route(self, X: ArrayLike) -> NDArray[np.bool_]:
         raise NotImplementedError
 
+    def routing_threshold(self) -> float:
+        """The gate score above which an example goes to f0. ``route_rule="zero"`` is the
+        paper's g(x) > 0. g is fitted to *soft* targets q (their mean is at most P_full), so
+        when no q_i passes 1/2 the paper's rule routes nothing; ``"expected"`` routes the
+        training fraction mean(q) instead: the threshold is the (1 − mean q) quantile of the
+        gate's training scores (+inf when mean q = 0)."""
+        rule = getattr(self, "route_rule", "zero")
+        if rule == "zero":
+            return 0.0
+        if rule == "expected":
+            return float(self.expected_threshold_)
+        raise ValueError(f"route_rule must be 'zero' or 'expected', got {rule!r}")
+
+    def _set_expected_threshold(self, train_scores: FloatArray, q: FloatArray) -> None:
+        """The threshold whose training routed fraction is closest to mean(q), placed midway
+        between two distinct scores (tree ensembles give many equal scores; a threshold on
+        one of them would flip them all under float32 inference)."""
+        target = float(np.mean(q))
+        scores = np.sort(np.asarray(train_scores, dtype=np.float64))
+        if target <= 0.0 or not np.all(np.isfinite(scores)):
+            self.expected_threshold_ = math.inf
+            return
+        distinct = np.unique(scores)
+        candidates = np.concatenate(
+            [[distinct[0] - 1.0], (distinct[:-1] + distinct[1:]) / 2.0, [distinct[-1] + 1.0]]
+        )
+        routed = 1.0 - np.searchsorted(scores, candidates, side="right") / scores.size
+        # closest to the target; on a tie the higher threshold (fewer items sent to f0)
+        best = int(np.flatnonzero(np.abs(routed - target) == np.min(np.abs(routed - target)))[-1])
+        self.expected_threshold_ = float(candidates[best])
+
     def predict_proba(self, X: ArrayLike) -> FloatArray:
         raise NotImplementedError
 
@@ -386,6 +417,10 @@ class AdaptLin(_GatedClassifier):
         Rounds of reweighted group lasso after the first solve (each sets the weight of group α
         to c_α·ε/(‖θ_α‖ + ε), ε = ``reweight_eps``), a tighter surrogate of the paper's L0 cost.
     reweight_eps : float > 0
+    standardize : bool
+        Apply the group penalty to standardised weights (features in different units) or to
+        raw weights (features in the same units, as the paper's Synthetic-2 coordinates).
+    route_rule : "zero" (the paper's g(x) > 0) or "expected" (see :meth:`routing_threshold`)
     random_state : int or None
 
     Attributes (after ``fit``)
@@ -417,8 +452,10 @@ class AdaptLin(_GatedClassifier):
         reweight: int = 0,
         reweight_eps: float = 0.1,
         standardize: bool = True,
+        route_rule: str = "zero",
         random_state: int | None = 0,
     ) -> None:
+        self.route_rule = route_rule
         self.standardize = standardize
         self.n_init = n_init
         self.reweight = reweight
@@ -442,6 +479,8 @@ class AdaptLin(_GatedClassifier):
         _check_pos_int(self.n_alternations, "n_alternations")
         _check_pos_int(self.max_inner_iter, "max_inner_iter")
         _check_pos_int(self.n_init, "n_init")
+        if self.route_rule not in ("zero", "expected"):
+            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
         _check_nonneg(self.init_scale, "init_scale")
         _check_pos_int(self.reweight, "reweight", minimum=0)
         if _check_nonneg(self.reweight_eps, "reweight_eps") == 0.0:
@@ -606,6 +645,7 @@ class AdaptLin(_GatedClassifier):
         self.beta_ = beta
         self.objective_ = history
         self.n_alternations_run_ = it
+        self._set_expected_threshold(self.gate_score(Xa), q)
         return self
 
     # -- prediction ----------------------------------------------------------------------
@@ -621,7 +661,7 @@ class AdaptLin(_GatedClassifier):
 
     def route(self, X: ArrayLike) -> BoolArray:
         """True where the gate sends the example to the high-cost model f0."""
-        return np.asarray(self.gate_score(X) > 0.0, dtype=np.bool_)
+        return np.asarray(self.gate_score(X) > self.routing_threshold(), dtype=np.bool_)
 
     def answered_by(self, X: ArrayLike) -> IntArray:
         """The paper's z per example: 0 = f0 answered, 1 = f1 answered."""

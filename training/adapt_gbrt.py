@@ -100,6 +100,8 @@ class AdaptGbrt(_GatedClassifier):
         Boosting iterations per ensemble per round (T in Alg. 2).
     num_leaves, learning_rate, min_child_samples : LightGBM tree parameters (small trees, as
         the paper's "limited-depth regression trees").
+    route_rule : "zero" (the paper's g(x) > 0) or "expected" (route the training fraction
+        mean(q); see :meth:`routing_threshold`)
     random_state : int or None
 
     Attributes (after ``fit``)
@@ -123,8 +125,10 @@ class AdaptGbrt(_GatedClassifier):
         num_leaves: int = 8,
         learning_rate: float = 0.1,
         min_child_samples: int = 20,
+        route_rule: str = "zero",
         random_state: int | None = 0,
     ) -> None:
+        self.route_rule = route_rule
         self.p_full = p_full
         self.lam = lam
         self.feature_costs = feature_costs
@@ -149,6 +153,8 @@ class AdaptGbrt(_GatedClassifier):
         if self.f0_cv is not None:
             _check_pos_int(self.f0_cv, "f0_cv", minimum=2)
         _check_f0_param(self.f0)
+        if self.route_rule not in ("zero", "expected"):
+            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
 
     def _params(
         self, objective: str, penalties: FloatArray, extra: dict[str, Any]
@@ -264,6 +270,7 @@ class AdaptGbrt(_GatedClassifier):
         self.q_ = q
         self.beta_ = beta
         self.objective_ = history
+        self._set_expected_threshold(G, q)
         return self
 
     # -- prediction ----------------------------------------------------------------------
@@ -291,7 +298,7 @@ class AdaptGbrt(_GatedClassifier):
         return np.asarray(self.gate_booster_.predict(Xa, raw_score=True), dtype=np.float64)
 
     def route(self, X: ArrayLike) -> BoolArray:
-        return np.asarray(self.gate_score(X) > 0.0, dtype=np.bool_)
+        return np.asarray(self.gate_score(X) > self.routing_threshold(), dtype=np.bool_)
 
     def answered_by(self, X: ArrayLike) -> IntArray:
         return np.where(self.route(X), 0, 1).astype(np.int64)

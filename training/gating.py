@@ -10,10 +10,11 @@ against the fitted estimator before it is used (:class:`GatingExportMismatch`).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import lightgbm as lgb
 import numpy as np
@@ -28,6 +29,7 @@ from training.export import ATOL, export_classifier
 
 FloatArray = npt.NDArray[np.float64]
 Gated = AdaptLin | L1Baseline | AdaptGbrt
+G = TypeVar("G", AdaptLin, L1Baseline, AdaptGbrt)
 _OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
 
 
@@ -188,12 +190,16 @@ def _export_lin(est: AdaptLin) -> ExportedSystem:
         logits = est.f1_intercept_ - np.max(est.f1_intercept_)
         prior = np.exp(logits) / np.exp(logits).sum()
         f1 = ExportedModel(None, [], [float(p) for p in prior])
-    if gate_cols:
+    threshold = est.routing_threshold()
+    if gate_cols and math.isfinite(threshold):
         gate = ExportedGate(
-            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_), gate_cols
+            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_), gate_cols,
+            threshold,
         )
         return ExportedSystem(gate, f1)
-    return ExportedSystem(ExportedGate(None, []), f1, always_full=est.gate_intercept_ > 0.0)
+    return ExportedSystem(
+        ExportedGate(None, []), f1, always_full=bool(est.gate_intercept_ > threshold)
+    )
 
 
 def _export_l1(est: L1Baseline) -> ExportedSystem:
@@ -234,13 +240,16 @@ def _export_gbrt(est: AdaptGbrt) -> ExportedSystem:
         f1 = ExportedModel(None, [], [float(p) for p in est.f1_proba(np.zeros((1, k)))[0]])
     gate_booster = est.gate_booster_
     gate_cols = [int(c) for c in est.gate_features_]
-    if gate_booster is None:
+    threshold = est.routing_threshold()
+    if gate_booster is None or not math.isfinite(threshold):
         return ExportedSystem(ExportedGate(None, []), f1)
     if not gate_cols:
         constant = float(est.gate_score(np.zeros((1, k)))[0])
-        return ExportedSystem(ExportedGate(None, []), f1, always_full=constant > 0.0)
+        return ExportedSystem(ExportedGate(None, []), f1, always_full=constant > threshold)
     gate_onnx = lightgbm_onnx(_raw_score_booster(gate_booster), k)
-    return ExportedSystem(ExportedGate(select_columns(gate_onnx, gate_cols, k), gate_cols), f1)
+    return ExportedSystem(
+        ExportedGate(select_columns(gate_onnx, gate_cols, k), gate_cols, threshold), f1
+    )
 
 
 def export_system(est: Gated) -> ExportedSystem:
@@ -315,11 +324,14 @@ class SweepPoint:
     val_fraction_full: float
     test_accuracy: float = math.nan
     test_cost: float = math.nan
-    params: dict[str, float] = field(default_factory=dict)
+    params: dict[str, float | str] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
-        extra = "".join(f"-{k}{v:g}" for k, v in sorted(self.params.items()))
+        extra = "".join(
+            f"-{k}{v:g}" if isinstance(v, float) else f"-{v}"
+            for k, v in sorted(self.params.items())
+        )
         return f"{self.method}-p{self.p_full:g}-r{self.regularisation:g}{extra}"
 
 
@@ -353,6 +365,7 @@ def default_grid(methods: Iterable[str] = METHODS) -> list[Config]:
 
 
 L1_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+ROUTE_RULES = ("zero", "expected")
 
 
 def fit_config(
@@ -403,12 +416,11 @@ def sweep(
     points: list[SweepPoint] = []
     for i, config in enumerate(grid):
         est = fit_config(config, X, y, costs=costs, f0=f0, random_state=random_state)
-        variants: list[tuple[Gated, dict[str, float]]] = [(est, {})]
+        variants: list[tuple[Gated, dict[str, float | str]]] = [(est, {})]
         if isinstance(est, L1Baseline):
-            variants = []
-            for tau in L1_THRESHOLDS:
-                clone_est = _l1_with_threshold(est, tau)
-                variants.append((clone_est, {"t": tau}))
+            variants = [(_with(est, gate_threshold=tau), {"t": tau}) for tau in L1_THRESHOLDS]
+        elif config.p_full > 0.0:  # both routing rules of the same fit (no refit)
+            variants = [(_with(est, route_rule=rule), {"rule": rule}) for rule in ROUTE_RULES]
         for variant, extra in variants:
             acc, cost, frac = _score(variant, X_val, y_val)
             point = SweepPoint(config.method, config.p_full, config.regularisation, variant,
@@ -421,12 +433,11 @@ def sweep(
     return points
 
 
-def _l1_with_threshold(est: L1Baseline, tau: float) -> L1Baseline:
-    """The same fitted L1 system with another gate threshold (routing only, no refit)."""
-    import copy
-
+def _with(est: G, **routing: Any) -> G:
+    """The same fitted system with other routing parameters (no refit)."""
     out = copy.copy(est)
-    out.gate_threshold = tau
+    for name, value in routing.items():
+        setattr(out, name, value)
     return out
 
 
