@@ -291,7 +291,7 @@ class GatePoint(_Strict):
     )
     gate_features: list[str] = Field(default_factory=list)
     gate_input_dims: int = Field(default=0, ge=0)
-    threshold: float = 0.0
+    threshold: float = Field(default=0.0, allow_inf_nan=False)
     low_model: str = Field(description="id of f1 among the bundle's models")
     high_model: str = Field(
         description="id of f0 among the bundle's models: it reads every feature f1 reads, and "
@@ -323,6 +323,14 @@ class GatingStrategy(_Strict):
     kind: Literal["gating"] = "gating"
     name: str = "gating"
     points: list[GatePoint] = Field(min_length=1)
+    tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="points whose deliverable accuracy is within this much of the best "
+        "affordable one count as equal, and the one with the lowest expected cost is taken "
+        "(e.g. 0.01: within 1 % of the best, as the paper's cost reductions are quoted)",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> GatingStrategy:

@@ -198,6 +198,8 @@ def test_cli_builds_a_valid_gating_bundle(tmp_path: Path) -> None:
                                       "--spec", str(tmp_path / "spec.json"), "--out", str(out)])
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
+    # readable by a service running as another user (the image mounts bundles read-only)
+    assert out.stat().st_mode & 0o777 == 0o755
     strategy = manifest.strategy()
     assert isinstance(strategy, GatingStrategy) and manifest.default_strategy == "gating"
     ids = [p.id for p in strategy.points]
@@ -255,7 +257,7 @@ def test_a_system_that_buys_no_feature_exports_as_a_prior(tmp_path: Path) -> Non
     result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)
     strategy = result.manifest.strategy()
     assert isinstance(strategy, GatingStrategy)
-    assert strategy.points[0].id == "f0"
+    assert strategy.points[0].id == "f0" and len(strategy.points) > 1
     for point in strategy.points[1:]:
         low = result.manifest.model(point.low_model)
         assert low.prior is not None and low.features == []
@@ -321,3 +323,62 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
                 assert answer["cost"]["spent"] == pytest.approx(expected_cost[i]), (point.id, i)
                 routed_somewhere |= high and point.id != "f0"
     assert routed_somewhere  # some gate really sent rows to f0
+
+
+def test_export_check_forgives_a_float32_threshold_collision_but_not_a_wrong_export() -> None:
+    from training.gating import FLOAT32_FLIPS, tolerant_deviation
+
+    rng = np.random.default_rng(0)
+    expected = rng.dirichlet(np.ones(3), size=1000)
+    got = expected + 1e-6
+    got[7] = expected[7][::-1]  # one row took the other branch of a split
+    assert tolerant_deviation(got, expected, "f1") == pytest.approx(1e-6)
+    many = int(1000 * FLOAT32_FLIPS) + 1
+    got[:many] = expected[:many][:, ::-1]
+    with pytest.raises(GatingExportMismatch, match=rf"on {many + 1} of 1000 check rows"):
+        tolerant_deviation(got, expected, "f1")
+    with pytest.raises(GatingExportMismatch, match="shape"):
+        tolerant_deviation(got[:, :2], expected, "f1")
+
+
+def test_non_finite_gate_thresholds_cannot_be_written() -> None:
+    from pydantic import ValidationError
+
+    from service.bundle import GatePoint
+
+    base = {"id": "p", "method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.01,
+            "low_model": "a", "high_model": "b", "mean_cost": 1.0, "fraction_full": 0.1,
+            "accuracy": 0.9}
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="finite number"):
+            GatePoint(**base, threshold=bad)
+
+
+def test_csv_with_a_missing_value_names_its_row_and_column(tmp_path: Path) -> None:
+    from training.tabular import read_csv
+
+    (tmp_path / "d.csv").write_text("f0,f1,label\n1,2,a\n3,nan,b\n")
+    spec = GatingSpec(name="x", label="label", sensors=["f0", "f1"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"row 2, column 'f1' is nan .*fill or drop"):
+        read_csv(tmp_path / "d.csv", spec)
+
+
+def test_points_that_f0_dominates_are_not_exported(tmp_path: Path) -> None:
+    """GreedyMiser with a tiny λ buys every feature: at full cost, unless it beats f0 on
+    validation, f0 alone dominates it and it is left out."""
+    X, y = _data(2, n=500, seed=5)
+    cols = [f"f{i}" for i in range(8)]
+    spec = GatingSpec(name="dom", label="label", sensors=list(cols),  # type: ignore[arg-type]
+                      grid=[{"method": "greedymiser", "p_full": 0.0, "regularisation": 0.0}],
+                      pareto=False)
+    result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)
+    [swept] = result.points
+    f0_val = result.f0_accuracy["validation"]
+    strategy = result.manifest.strategy()
+    assert isinstance(strategy, GatingStrategy)
+    exported = [p.id for p in strategy.points]
+    assert swept["validation_cost"] == 8.0  # every feature bought
+    if swept["validation_accuracy"] > f0_val:
+        assert swept["id"] in exported
+    else:
+        assert exported == ["f0"]

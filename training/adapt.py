@@ -298,6 +298,13 @@ class FittedF0:
                     clone(f0), Xa, y_idx, cv=splitter, method="predict_proba"
                 )
         if proba is None:
+            if cv is not None:
+                warnings.warn(
+                    f"a class has fewer than 2 training rows: f0's out-of-fold probabilities "
+                    f"({cv} folds) are replaced by its in-sample ones, which are optimistic",
+                    UserWarning,
+                    stacklevel=2,
+                )
             proba = model.predict_proba(Xa)
         return cls(model, np.asarray(proba, dtype=np.float64))
 

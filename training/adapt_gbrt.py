@@ -27,7 +27,10 @@ Differences from the paper, on purpose: trees are added in blocks (one LightGBM 
 block, continuing the ensemble with ``init_model``) rather than one at a time, and f1's tree
 and g's tree of a step are grown in sequence (f1's block first) instead of interleaved; the
 penalty is scaled by N because LightGBM's split gains are sums over examples while the paper's
-impurity uses the mean. λ (``lam``) is therefore a cost weight per example, like ADAPT-LIN's γ.
+impurity uses the mean. LightGBM's gain Σ G²/H is twice the second-order loss reduction (and
+its multiclass objective scales the hessian by m/(m − 1)), so λ (``lam``) charges about λ/2 of
+per-example log-loss per unit of feature cost: a cost weight per example like ADAPT-LIN's γ,
+up to that constant. The sweep treats λ as a knob, not as γ's exact equivalent.
 GreedyMiser (Xu et al. 2012) is the special case P_full = 0: no example goes to f0, g is never
 trained, f1 is cost-efficient boosting alone (:func:`greedy_miser`).
 """

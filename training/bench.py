@@ -92,6 +92,7 @@ def main() -> None:
         bench_calibration,
         bench_dag,
         bench_extractors,
+        bench_gating,
         bench_polydom,
         bench_service,
     )
@@ -104,6 +105,7 @@ def main() -> None:
         ("anytime (synthetic)", lambda: bench_anytime.main()),
         ("calibration", lambda: bench_calibration.main()),
         ("dag", lambda: bench_dag.main()),
+        ("gating", lambda: bench_gating.main()),
         ("service", lambda: bench_service.main()),
     ):
         t0 = time.perf_counter()

@@ -275,6 +275,33 @@ def system_outputs(est: Gated, X: FloatArray) -> tuple[npt.NDArray[np.bool_], Fl
     return est.route(X), est.f1_proba(X)
 
 
+#: Share of check rows allowed to differ: the ONNX tree converter stores split thresholds in
+#: float32, so a row whose value rounds onto a threshold takes the other branch.
+FLOAT32_FLIPS = 0.002
+
+
+def tolerant_deviation(got: FloatArray, expected: FloatArray, label: str) -> float:
+    """The largest |got − expected| over the rows that agree to ``ATOL``; raises
+    :class:`GatingExportMismatch` when the shapes differ or more than ``FLOAT32_FLIPS`` of
+    the rows do not agree (one float32 threshold collision must not fail a build; a wrong
+    export fails on far more rows)."""
+    if got.shape != expected.shape:
+        raise GatingExportMismatch(
+            f"{label} ONNX gives shape {got.shape}, the fitted model {expected.shape}"
+        )
+    if not got.size:
+        return 0.0
+    per_row = np.max(np.abs(got - expected).reshape(got.shape[0], -1), axis=1)
+    bad = per_row > ATOL
+    if np.mean(bad) > FLOAT32_FLIPS:
+        raise GatingExportMismatch(
+            f"{label} ONNX differs from the fitted model by up to {per_row.max():.3g} on "
+            f"{int(bad.sum())} of {bad.size} check rows (allowed: {FLOAT32_FLIPS:.1%} of rows, "
+            "for float32 threshold rounding)"
+        )
+    return float(per_row[~bad].max()) if np.any(~bad) else 0.0
+
+
 def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: str) -> float:
     """Run the exported gate and f1 on ``X`` and compare with the fitted estimator; raises
     :class:`GatingExportMismatch`. Returns the largest probability deviation."""
@@ -285,13 +312,7 @@ def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: s
         f1_got = np.tile(np.asarray(system.f1.prior), (X.shape[0], 1))
     else:
         f1_got = _run(system.f1.onnx, x32[:, system.f1.columns])
-    if f1_got.shape != f1_expected.shape:
-        raise GatingExportMismatch(
-            f"{label}: f1 ONNX gives shape {f1_got.shape}, the fitted model {f1_expected.shape}"
-        )
-    err = float(np.max(np.abs(f1_got - f1_expected))) if f1_got.size else 0.0
-    if not err <= ATOL:
-        raise GatingExportMismatch(f"{label}: f1 ONNX differs from the fitted model by {err:.3g}")
+    err = tolerant_deviation(f1_got, f1_expected, f"{label}: f1")
     gate = system.gate
     if gate.onnx is None:
         got_routed = np.full(X.shape[0], system.always_full)
@@ -299,7 +320,7 @@ def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: s
         got_routed = _run(gate.onnx, x32[:, gate.columns])[:, 0] > gate.threshold
     # float32 inference may flip items that sit on the threshold; anything more is a bug.
     disagree = float(np.mean(got_routed != routed))
-    if disagree > 0.002:
+    if disagree > FLOAT32_FLIPS:
         raise GatingExportMismatch(
             f"{label}: the exported gate routes {disagree:.1%} of the check rows differently"
         )
@@ -324,6 +345,7 @@ class SweepPoint:
     val_fraction_full: float
     test_accuracy: float = math.nan
     test_cost: float = math.nan
+    test_fraction_full: float = math.nan
     params: dict[str, float | str] = field(default_factory=dict)
 
     @property
@@ -376,6 +398,7 @@ def fit_config(
     costs: FloatArray,
     f0: FittedF0,
     f0_linear: FittedF0 | None = None,
+    standardize: bool = True,
     random_state: int = 0,
 ) -> Gated:
     """Fit one configuration of the grid (the shared f0 is not refitted)."""
@@ -385,7 +408,7 @@ def fit_config(
     if config.method == "adapt-lin":
         return AdaptLin(p_full=config.p_full, gamma=config.regularisation, feature_costs=costs,
                         f0=f0 if f0_linear is None else f0_linear, n_init=2,
-                        random_state=random_state).fit(X, y)
+                        standardize=standardize, random_state=random_state).fit(X, y)
     if config.method == "l1":
         return L1Baseline(C=config.regularisation, feature_costs=costs, f0=f0,
                           random_state=random_state).fit(X, y)
@@ -409,13 +432,16 @@ def sweep(
     grid: Sequence[Config],
     X_test: FloatArray | None = None,
     y_test: npt.NDArray[Any] | None = None,
+    standardize: bool = True,
     random_state: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepPoint]:
-    """Fit every configuration and score it (L1: one point per gate threshold)."""
+    """Fit every configuration and score it (L1: one point per gate threshold; ADAPT-LIN
+    and ADAPT-GBRT: one per routing rule)."""
     points: list[SweepPoint] = []
     for i, config in enumerate(grid):
-        est = fit_config(config, X, y, costs=costs, f0=f0, random_state=random_state)
+        est = fit_config(config, X, y, costs=costs, f0=f0, standardize=standardize,
+                         random_state=random_state)
         variants: list[tuple[Gated, dict[str, float | str]]] = [(est, {})]
         if isinstance(est, L1Baseline):
             variants = [(_with(est, gate_threshold=tau), {"t": tau}) for tau in L1_THRESHOLDS]
@@ -426,7 +452,9 @@ def sweep(
             point = SweepPoint(config.method, config.p_full, config.regularisation, variant,
                                acc, cost, frac, params=extra)
             if X_test is not None and y_test is not None:
-                point.test_accuracy, point.test_cost, _ = _score(variant, X_test, y_test)
+                point.test_accuracy, point.test_cost, point.test_fraction_full = _score(
+                    variant, X_test, y_test
+                )
             points.append(point)
         if progress is not None:
             progress(i + 1, len(grid))

@@ -32,12 +32,11 @@ from service.bundle import (
 from training.adapt import FittedF0
 from training.adapt_gbrt import default_gbrt_f0
 from training.build import library_versions, staging
-from training.export import ATOL, onnx_probabilities
+from training.export import onnx_probabilities
 from training.gating import (
     METHODS,
     Config,
     ExportedModel,
-    GatingExportMismatch,
     SweepPoint,
     default_grid,
     export_f0,
@@ -45,6 +44,7 @@ from training.gating import (
     pareto,
     sweep,
     system_outputs,
+    tolerant_deviation,
     verify_system,
 )
 from training.tabular import TabularSpec, column_positions, fingerprint
@@ -61,6 +61,8 @@ class GatingSpec(TabularSpec):
     f0: str = "lightgbm"
     grid: list[dict[str, Any]] | None = None  # [{method, p_full, regularisation}], optional
     pareto: bool = True  # keep the validation Pareto set only (False: every point, to inspect)
+    tolerance: float = 0.01  # served: within 1 % of the best deliverable accuracy, cheapest
+    standardize: bool = True  # ADAPT-LIN's group penalty on standardised weights
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
@@ -74,6 +76,8 @@ class GatingSpec(TabularSpec):
                 f"gating needs one column per sensor (a cost per feature); {several} have "
                 "several: split them, or use `budgetserve-train dag` for grouped sensors"
             )
+        if not isinstance(self.tolerance, int | float) or not 0 <= self.tolerance <= 1:
+            raise ValueError(f"tolerance must be a number in [0, 1], got {self.tolerance!r}")
         if self.f0 not in F0_KINDS:
             raise ValueError(f"f0 must be one of {list(F0_KINDS)}, got {self.f0!r}")
         self.configs()  # validates methods and grid
@@ -122,7 +126,10 @@ def build_gating_bundle(
     data_fingerprint: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> GatingBuildResult:
-    """Split, fit f0 once, sweep, keep the Pareto set, export, verify, write atomically."""
+    """Split, fit f0 once, sweep, keep the validation Pareto set, export, verify, write
+    atomically. The points are chosen on validation rows; the accuracies, costs and routed
+    fractions written to the manifest (what the service ranks and reports) are measured on
+    the test rows, which took no part in any choice."""
     spec.check()
     positions = column_positions(spec, columns)
     sensor_names = list(spec.sensors)
@@ -134,12 +141,14 @@ def build_gating_bundle(
     classes = np.unique(y_train)
     f0 = FittedF0.fit(spec.make_f0(), x_train, y_train, random_state=spec.seed)
     points = sweep(x_train, y_train, x_val, y_val, costs=costs, f0=f0, grid=spec.configs(),
-                   X_test=x_test, y_test=y_test, random_state=spec.seed, progress=progress)
+                   X_test=x_test, y_test=y_test, standardize=spec.standardize,
+                   random_state=spec.seed, progress=progress)
     f0_val = float(np.mean(classes[f0.model.predict(x_val)] == y_val))
     f0_test = float(np.mean(classes[f0.model.predict(x_test)] == y_test))
     full_cost = float(costs.sum())
     kept = pareto(points) if spec.pareto else sorted(points, key=lambda p: p.val_cost)
-    front = [p for p in kept if p.val_accuracy < f0_val or p.val_cost < full_cost]
+    # f0 alone is a point of its own: drop what it dominates (full cost, no more accurate).
+    front = [p for p in kept if p.val_cost < full_cost or p.val_accuracy > f0_val]
 
     def features(cols: Sequence[int]) -> list[str]:
         return [sensor_names[c] for c in cols]
@@ -150,14 +159,14 @@ def build_gating_bundle(
         _verify_f0(f0_bytes, f0.model, x_test)
         (tmp / "f0.onnx").write_bytes(f0_bytes)
         models = [
-            ModelSpec(id="prior", features=[], accuracy=float(np.mean(y_val == classes[
+            ModelSpec(id="prior", features=[], accuracy=float(np.mean(y_test == classes[
                 int(np.argmax(prior))])), prior=[float(p) for p in prior], input_dims=0),
-            ModelSpec(id="f0", features=list(sensor_names), accuracy=f0_val, file="f0.onnx",
+            ModelSpec(id="f0", features=list(sensor_names), accuracy=f0_test, file="f0.onnx",
                       input_dims=len(sensor_names)),
         ]
         gate_points = [GatePoint(
             id="f0", method="f0", p_full=1.0, regularisation=0.0, low_model="f0",
-            high_model="f0", mean_cost=full_cost, fraction_full=1.0, accuracy=f0_val,
+            high_model="f0", mean_cost=full_cost, fraction_full=1.0, accuracy=f0_test,
         )]
         exported: dict[str, Any] = {"f0": f0.model}
         for point in front:
@@ -168,7 +177,7 @@ def build_gating_bundle(
             exported[point.id] = point.estimator
             low_id = f"{point.id}.f1"
             models.append(_low_model(tmp, low_id, system.f1, features(system.f1.columns),
-                                     point, x_val, y_val))
+                                     point, x_test, y_test))
             gate_file = None
             if system.gate.onnx is not None:
                 gate_file = _file_name(f"{point.id}.gate.onnx")
@@ -178,8 +187,8 @@ def build_gating_bundle(
                 regularisation=point.regularisation, gate_file=gate_file,
                 gate_features=features(system.gate.columns),
                 gate_input_dims=len(system.gate.columns), threshold=system.gate.threshold,
-                low_model=low_id, high_model="f0", mean_cost=point.val_cost,
-                fraction_full=point.val_fraction_full, accuracy=point.val_accuracy,
+                low_model=low_id, high_model="f0", mean_cost=point.test_cost,
+                fraction_full=point.test_fraction_full, accuracy=point.test_accuracy,
             ))
         digest = hashlib.sha256()
         for path in sorted(tmp.glob("*.onnx")):
@@ -194,7 +203,8 @@ def build_gating_bundle(
             item=spec.item(),
             extractors=spec.extractors(),
             models=models,
-            strategies=[GatingStrategy(name="gating", points=gate_points)],
+            strategies=[GatingStrategy(name="gating", points=gate_points,
+                                       tolerance=spec.tolerance)],
             default_strategy="gating",
             provenance=Provenance(
                 created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -226,7 +236,7 @@ def _summary(p: SweepPoint) -> dict[str, Any]:
 def _low_model(folder: Path, model_id: str, f1: ExportedModel, features: list[str],
                point: SweepPoint, x_val: npt.NDArray[np.float64],
                y_val: npt.NDArray[Any]) -> ModelSpec:
-    """f1 of an operating point as a bundle model; its accuracy is f1 alone on validation."""
+    """f1 of an operating point as a bundle model; its accuracy is f1 alone on test rows."""
     est = point.estimator
     proba = system_outputs(est, x_val)[1]
     accuracy = float(np.mean(est.classes_[np.argmax(proba, axis=1)] == y_val))
@@ -243,6 +253,4 @@ def _low_model(folder: Path, model_id: str, f1: ExportedModel, features: list[st
 def _verify_f0(model: bytes, fitted: Any, x: npt.NDArray[np.float64]) -> None:
     got = onnx_probabilities(model, x.astype(np.float32)).astype(np.float64)
     expected = np.asarray(fitted.predict_proba(x.astype(np.float32)), dtype=np.float64)
-    err = float(np.max(np.abs(got - expected)))
-    if got.shape != expected.shape or not err <= ATOL:
-        raise GatingExportMismatch(f"f0: ONNX differs from the fitted model by {err:.3g}")
+    tolerant_deviation(got, expected, "f0")

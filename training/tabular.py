@@ -157,6 +157,13 @@ def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatMatrix, npt.NDArray[An
         x = np.asarray([[float(r[index[c]]) for c in needed] for r in rows], dtype=np.float64)
     except ValueError as exc:
         raise ValueError(f"{path}: a sensor column holds a non-number: {exc}") from None
+    bad = ~np.isfinite(x)
+    if bad.any():
+        row, col = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{path}: row {row + 1}, column {needed[col]!r} is {x[row, col]} ({int(bad.sum())} "
+            "non-finite cells in all): fill or drop such rows before training"
+        )
     y = np.asarray([r[index[spec.label]].strip() for r in rows])
     return x, y, needed
 

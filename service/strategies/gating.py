@@ -197,7 +197,10 @@ class GatingSession(Session):
             "method": self.point.spec.method,
             "score": self.gate_score,
             "sent_to_high": self.sent_to_high,
-            "answered_by": self.outcome,
+            "answered_by": (
+                "high" if self.outcome == "low" and self.point.low == self.point.high
+                else self.outcome
+            ),
         }
 
 
@@ -213,18 +216,37 @@ class GatingRuntime(StrategyRuntime):
 
     def choose(
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
-    ) -> tuple[_Point, float]:
-        """The most accurate point whose expected cost fits ``budget`` (the cheaper on a tie),
-        else the cheapest point; with its expected cost."""
-        costed = [(p, p.expected_cost(per_feature, in_hand)) for p in self.points]
-        fitting = [(p, c) for p, c in costed if affordable(c, budget, budget)]
-        if not fitting:
-            return min(costed, key=lambda pc: (pc[1], -pc[0].spec.accuracy))
-        return min(fitting, key=lambda pc: (-pc[0].spec.accuracy, pc[1]))
+    ) -> tuple[_Point, float, float]:
+        """The point to serve with ``budget``, with its expected cost and the accuracy it can
+        deliver under that budget as a hard cap.
+
+        A point delivers its held-out (gated) accuracy only when the budget also covers f0's
+        missing features for the items its gate routes; when it covers g's and f1's features
+        only, routed items are answered by f1, so the point is worth its f1's accuracy at
+        the cost of g's and f1's features. Among the affordable points, those within
+        ``tolerance`` of the best deliverable accuracy are equal and the cheapest (expected
+        cost) wins; when none is affordable, the cheapest point (the session then answers
+        with the best model computable from what it could buy)."""
+        tolerance = float(self.spec.tolerance)
+        options: list[tuple[_Point, float, float]] = []
+        for p in self.points:
+            first = sum(per_feature[f] for f in p.first if f not in in_hand)
+            extra = sum(per_feature[f] for f in p.extra if f not in in_hand)
+            if affordable(first + extra, budget, budget):
+                options.append((p, first + p.spec.fraction_full * extra, p.spec.accuracy))
+            elif affordable(first, budget, budget):
+                options.append((p, first, self.accuracy[p.low]))
+        if not options:
+            cheapest = min(self.points, key=lambda p: (p.expected_cost(per_feature, in_hand),
+                                                       -p.spec.accuracy))
+            return cheapest, cheapest.expected_cost(per_feature, in_hand), 0.0
+        best = max(acc for _, _, acc in options)
+        near = [o for o in options if o[2] >= best - tolerance - 1e-12]
+        return min(near, key=lambda o: (o[1], -o[2]))
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        point, planned = self.choose(per_feature, budget, in_hand)
+        point, planned, _ = self.choose(per_feature, budget, in_hand)
         return GatingSession(self, point, per_feature, planned)
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
