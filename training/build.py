@@ -45,6 +45,7 @@ from service.bundle import (
     write_manifest,
 )
 from service.extractors.base import Extractor, create_extractor
+from training.executor import INLINE, Executor
 from training.export import export_classifier, verify_export
 from training.greedy import VARIANTS as GREEDY_VARIANTS
 from training.greedy import GreedySequences
@@ -70,6 +71,9 @@ def staging(out_dir: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         yield tmp
+        # mkdtemp makes the folder private (0700); a bundle is read by the service, which
+        # may run as another user (the image's uid 10001 reading a mounted folder).
+        tmp.chmod(0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.replace(out_dir)
@@ -163,6 +167,41 @@ def digits_features(
     )
 
 
+@dataclass(frozen=True)
+class LatticeJob:
+    """What every lattice task reads: the features, the learner and the CV protocol (shared
+    with the executor's workers once, see :mod:`training.executor`)."""
+
+    data: FeatureData
+    learner: Any
+    folds: int
+    seed: int
+
+
+def cv_accuracy(job: LatticeJob, mask: int) -> float:
+    """a(F) for F = ``mask``: mean accuracy over ``job.folds`` seeded stratified folds of the
+    train rows (the empty set predicts the fold's majority class)."""
+    d = job.data
+    y = d.labels[d.train]
+    feats = mask_features(d.names, mask)
+    cv = StratifiedKFold(job.folds, shuffle=True, random_state=job.seed)
+    if not feats:
+        hits = 0
+        for fit_rows, score_rows in cv.split(np.zeros(len(y)), y):
+            classes, counts = np.unique(y[fit_rows], return_counts=True)
+            hits += int(np.sum(y[score_rows] == classes[np.argmax(counts)]))
+        return hits / len(y)
+    x = d.matrix(feats, d.train)
+    return float(np.mean(cross_val_score(clone(job.learner), x, y, cv=cv)))
+
+
+def fit_model(job: LatticeJob, mask: int) -> Any:
+    """The learner fitted on F's columns of every train row."""
+    d = job.data
+    return clone(job.learner).fit(d.matrix(mask_features(d.names, mask), d.train),
+                                  d.labels[d.train])
+
+
 @dataclass
 class LatticeEvaluator:
     """a(F): the learner's k-fold cross-validated accuracy on F's columns (train rows).
@@ -170,6 +209,11 @@ class LatticeEvaluator:
     Memoised by feature-set mask; ``calls`` counts distinct expansions (Metric 1). The
     model exported for F is fitted on all train rows, lazily (:meth:`fitted_model`), so
     only the sets that end up in the bundle pay for a final fit.
+
+    :meth:`prefetch` and :meth:`prefit` compute a batch of sets on ``executor`` (inline by
+    default; joblib or Ray workers, see :mod:`training.executor`): the lattice search hands
+    it each batch of independent expansions. Every value is the same whichever executor
+    computed it.
     """
 
     data: FeatureData
@@ -178,7 +222,9 @@ class LatticeEvaluator:
     seed: int = 0
     progress: Progress = _noop
     accuracy: dict[int, float] = field(default_factory=dict)
+    executor: Executor = field(default=INLINE, repr=False)
     _fitted: dict[int, Any] = field(default_factory=dict, repr=False)
+    _job: LatticeJob | None = field(default=None, repr=False)
 
     def features(self, mask: int) -> list[str]:
         return mask_features(self.data.names, mask)
@@ -187,32 +233,40 @@ class LatticeEvaluator:
     def calls(self) -> int:
         return len(self.accuracy)
 
+    @property
+    def job(self) -> LatticeJob:
+        """One object per evaluator, so an executor ships the data once for all batches."""
+        if self._job is None:
+            self._job = LatticeJob(self.data, self.learner, self.folds, self.seed)
+        return self._job
+
     def __call__(self, mask: int) -> float:
-        if mask in self.accuracy:
-            return self.accuracy[mask]
-        d = self.data
-        y = d.labels[d.train]
-        feats = self.features(mask)
-        cv = StratifiedKFold(self.folds, shuffle=True, random_state=self.seed)
-        if not feats:
-            hits = 0
-            for fit_rows, score_rows in cv.split(np.zeros(len(y)), y):
-                classes, counts = np.unique(y[fit_rows], return_counts=True)
-                hits += int(np.sum(y[score_rows] == classes[np.argmax(counts)]))
-            acc = hits / len(y)
-        else:
-            x = d.matrix(feats, d.train)
-            acc = float(np.mean(cross_val_score(clone(self.learner), x, y, cv=cv)))
+        if mask not in self.accuracy:
+            self._record(mask, cv_accuracy(self.job, mask))
+        return self.accuracy[mask]
+
+    def _record(self, mask: int, acc: float) -> None:
         self.accuracy[mask] = acc
-        self.progress("expand", len(self.accuracy), 1 << len(d.names))
-        return acc
+        self.progress("expand", len(self.accuracy), 1 << len(self.data.names))
+
+    def prefetch(self, masks: Sequence[int]) -> None:
+        """Compute a(F) of every mask not known yet, as one batch on the executor."""
+        todo = list(dict.fromkeys(m for m in masks if m not in self.accuracy))
+        for mask, acc in zip(todo, self.executor.map(cv_accuracy, todo, shared=(self.job,)),
+                             strict=True):
+            self._record(mask, acc)
+
+    def prefit(self, masks: Sequence[int]) -> None:
+        """Fit the exported model of every mask not fitted yet, as one batch."""
+        todo = list(dict.fromkeys(m for m in masks if m not in self._fitted))
+        self._fitted.update(
+            zip(todo, self.executor.map(fit_model, todo, shared=(self.job,)), strict=True)
+        )
 
     def fitted_model(self, mask: int) -> Any:
         """The learner fitted on F's columns of every train row (cached)."""
         if mask not in self._fitted:
-            d = self.data
-            x = d.matrix(self.features(mask), d.train)
-            self._fitted[mask] = clone(self.learner).fit(x, d.labels[d.train])
+            self._fitted[mask] = fit_model(self.job, mask)
         return self._fitted[mask]
 
 
@@ -271,8 +325,12 @@ def build_bundle(
     data: FeatureData | None = None,
     progress: Progress = _noop,
     profile_progress: bool = False,
+    executor: Executor = INLINE,
 ) -> BuildResult:
-    """Train and write a digits Poly-Dom bundle to ``out_dir`` (replaced atomically)."""
+    """Train and write a digits Poly-Dom bundle to ``out_dir`` (replaced atomically).
+
+    The cross-validations and final fits of the lattice run on ``executor`` (in this process
+    by default); the bundle is the same whichever executor ran them."""
     extractors = make_extractors(config.extractors)
     names = [e.name for e in extractors]
     if costs is None:
@@ -284,7 +342,7 @@ def build_bundle(
         data = digits_features(
             extractors, config.train_sides, seed=config.seed, limit=config.limit, progress=progress
         )
-    evaluator = LatticeEvaluator(data, seed=config.seed, progress=progress)
+    evaluator = LatticeEvaluator(data, seed=config.seed, progress=progress, executor=executor)
     cost_matrix = _cost_matrix(costs, names)
     polydom = PolyDom(epsilon=config.epsilon, delta=config.delta)
     polydom.fit(evaluator, cost_matrix, config.size_domain)
@@ -436,6 +494,8 @@ def _export_models(
     errors: dict[str, float] = {}
     test_accuracy: dict[str, float] = {}
     y_train = data.labels[data.train]
+    evaluator.prefetch(masks)
+    evaluator.prefit([m for m in masks if m])
     for mask in masks:
         feats = evaluator.features(mask)
         model_id = model_id_for(feats)

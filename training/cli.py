@@ -17,8 +17,31 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from training.executor import Executor, ExecutorKind
+
 app = typer.Typer(add_completion=False, help="Train and inspect budget-aware bundles.")
 console = Console()
+
+# Where a command's parallel training tasks run (docs/distributed-training.md): declare
+# `executor: ExecutorOption = ExecutorKind.LOCAL, address: AddressOption = None,
+# n_jobs: NJobsOption = None` and run the work inside `with open_executor(...) as ex:`.
+ExecutorOption = Annotated[ExecutorKind, typer.Option(
+    "--executor", help="where lattice expansions and sweeps run: local (joblib) or ray")]
+AddressOption = Annotated[str | None, typer.Option(
+    "--address", help="Ray cluster to join (HEAD:6379); default: start a local Ray instance")]
+NJobsOption = Annotated[int | None, typer.Option(
+    "--n-jobs", help="local: joblib workers (default 1: in this process; -1: every core); "
+                     "ray without --address: CPUs of the local instance")]
+
+
+def open_executor(executor: ExecutorKind, address: str | None, n_jobs: int | None) -> Executor:
+    """The executor the options name (a context manager); bad combinations are usage errors."""
+    from training.executor import make_executor
+
+    try:
+        return make_executor(executor, address=address, n_jobs=n_jobs)
+    except (ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _sides(text: str) -> tuple[int, ...]:
@@ -58,6 +81,9 @@ def build(
     profile_sides: Annotated[str, typer.Option()] = "16,32,64,96,128,192,256",
     repeats: Annotated[int, typer.Option(min=3)] = 31,
     seed: Annotated[int, typer.Option()] = 0,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
 ) -> None:
     """Build the embedded digits bundle (Poly-Dom) from scikit-learn's digits."""
     from training.build import BuildConfig, build_bundle
@@ -65,13 +91,14 @@ def build(
     if (out / "manifest.json").exists() and not force:
         console.print(f"{out} exists; pass --force to rebuild")
         raise typer.Exit(0)
+    workers = open_executor(executor, address, n_jobs)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = BuildConfig(
         name=out.name, epsilon=epsilon, delta=delta, train_sides=_sides(train_sides),
         profile_sides=_sides(profile_sides), profile_repeats=repeats, seed=seed,
     )
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:
+    with workers, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), console=console) as bar:
         tasks: dict[str, TaskID] = {}
 
         def report(stage: str, done: int, total: int) -> None:
@@ -80,7 +107,8 @@ def build(
                 tasks[stage] = bar.add_task(label.get(stage, stage), total=total)
             bar.update(tasks[stage], completed=done)
 
-        result = build_bundle(out, config, progress=report, profile_progress=True)
+        result = build_bundle(out, config, progress=report, profile_progress=True,
+                              executor=workers)
     stats = result.manifest.polydom().stats
     console.print(
         f"[bold]{result.manifest.name}[/] {result.manifest.version} written to {out}: "
@@ -173,6 +201,9 @@ def dag(
     spec_path: Annotated[Path, typer.Option("--spec", help="sensors and costs (JSON or YAML)",
                                             exists=True, dir_okay=False)],
     out: Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")] = None,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
 ) -> None:
     """Build a DAG bundle (adaptive sensor acquisition, paper 000) from a CSV and a spec.
 
@@ -187,10 +218,13 @@ def dag(
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from None
     target = out or Path("models") / spec.name
+    workers = open_executor(executor, address, n_jobs)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with console.status(f"training {len(spec.cost_scales)} operating points on {len(y)} rows"):
+    with workers, console.status(
+        f"training {len(spec.cost_scales)} operating points on {len(y)} rows"
+    ):
         try:
-            result = build_dag_bundle(target, spec, x, y, columns)
+            result = build_dag_bundle(target, spec, x, y, columns, executor=workers)
         except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate
             raise typer.BadParameter(f"cannot build the bundle: {exc}") from None
     table = Table("cost scale", "val cost", "val error", "test cost", "test error",

@@ -66,6 +66,8 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
+from training.executor import INLINE, Executor
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -437,6 +439,27 @@ def _binary_pipeline(C: float, random_state: int) -> Pipeline:
     )
 
 
+@dataclass(frozen=True)
+class _BankJob:
+    """What every classifier-bank task reads (shared with the executor's workers once)."""
+
+    X: FloatArray
+    y: IntArray
+    C: float
+    folds: int
+    random_state: int
+
+
+def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, Pipeline]:
+    """One state's classifier on columns ``cols``: its out-of-fold 0/1 loss per training row
+    (seeded stratified folds) and the pipeline refit on every row."""
+    Xs = job.X[:, cols]
+    cv = StratifiedKFold(n_splits=job.folds, shuffle=True, random_state=job.random_state)
+    oof = cross_val_predict(_binary_pipeline(job.C, job.random_state), Xs, job.y, cv=cv)
+    loss = (np.asarray(oof) != job.y).astype(np.float64)
+    return loss, _binary_pipeline(job.C, job.random_state).fit(Xs, job.y)
+
+
 def _train_filter_tree(
     Xs: FloatArray, costs: FloatArray, C: float, random_state: int
 ) -> list[_Node]:
@@ -654,7 +677,9 @@ class DagClassifier:
 
     # ---------------------------------------------------------------- fit
 
-    def fit(self, X: Any, y: Any) -> DagClassifier:
+    def fit(self, X: Any, y: Any, *, executor: Executor = INLINE) -> DagClassifier:
+        """Alg. 2 (with ``n_subsets``), the classifier bank (its cross-validations and fits
+        run on ``executor``, in this process by default) and Graph-Reduce."""
         t0 = time.perf_counter()
         names, columns, cost_arr = self._check_params()
         Xa, y_enc, classes = _validate_xy(X, y, columns, self.folds)
@@ -713,41 +738,22 @@ class DagClassifier:
             self._transitions[s] = moves
         self.states_: list[int] = sorted(states, key=lambda s: (_popcount(s), s))
 
-        # Classifier bank with out-of-fold losses.
-        cv = StratifiedKFold(n_splits=self.folds, shuffle=True, random_state=self.random_state)
+        # Classifier bank with out-of-fold losses: one independent task per non-empty state.
         majority = int(np.argmax(self.prior_))
-        self.classifiers_: dict[int, Any] = {}
-        self._losses: dict[int, FloatArray] = {}
-        self.oof_error_: dict[int, float] = {}
-        for s in self.states_:
-            if s == 0:
-                self.classifiers_[s] = None
-                loss = (y_enc != majority).astype(np.float64)
-            else:
-                Xs = Xa[:, self._cols(s)]
-                clf = self._bank_pipeline()
-                oof = cross_val_predict(clf, Xs, y_enc, cv=cv)
-                loss = (np.asarray(oof) != y_enc).astype(np.float64)
-                self.classifiers_[s] = self._bank_pipeline().fit(Xs, y_enc)
+        self.classifiers_: dict[int, Any] = {0: None}
+        self._losses: dict[int, FloatArray] = {0: (y_enc != majority).astype(np.float64)}
+        job = _BankJob(Xa, y_enc, self.C, self.folds, self.random_state)
+        members = [s for s in self.states_ if s != 0]
+        fitted = executor.map(_fit_bank_member, [self._cols(s) for s in members], shared=(job,))
+        for s, (loss, clf) in zip(members, fitted, strict=True):
             self._losses[s] = loss
-            self.oof_error_[s] = float(loss.mean())
+            self.classifiers_[s] = clf
+        self.oof_error_: dict[int, float] = {s: float(self._losses[s].mean())
+                                             for s in self.states_}
 
         self._fit_policies(Xa)
         self.fit_seconds_ = time.perf_counter() - t0
         return self
-
-    def _bank_pipeline(self) -> Pipeline:
-        return Pipeline(
-            [
-                ("scale", StandardScaler()),
-                (
-                    "clf",
-                    LogisticRegression(
-                        C=self.C, max_iter=_MAX_ITER, random_state=self.random_state
-                    ),
-                ),
-            ]
-        )
 
     def _fit_policies(self, Xa: FloatArray) -> None:
         """Graph-Reduce (Alg. 1) with the current ``cost_scale`` over the fitted bank."""
@@ -789,6 +795,20 @@ class DagClassifier:
         t0 = time.perf_counter()
         other._fit_policies(np.asarray(X, dtype=np.float64))
         other.fit_seconds_ = time.perf_counter() - t0
+        return other
+
+    _POLICY_STATE = ("cost_scale", "policies_", "train_objective_", "_exported", "fit_seconds_")
+
+    def _policy_state(self) -> dict[str, Any]:
+        """What :meth:`_with_cost_scale` changes: the cost scale and the trained policies."""
+        return {name: getattr(self, name) for name in self._POLICY_STATE}
+
+    def _with_policies(self, state: Mapping[str, Any]) -> DagClassifier:
+        """A copy sharing this model's groups and bank with the policies of ``state`` (from
+        :meth:`_policy_state`, e.g. trained by an executor's worker)."""
+        other = copy.copy(self)
+        for name in self._POLICY_STATE:
+            setattr(other, name, state[name])
         return other
 
     # ---------------------------------------------------------------- states
@@ -988,6 +1008,8 @@ def sweep(
     X_val: Any,
     y_val: Any,
     cost_scales: Sequence[float],
+    *,
+    executor: Executor = INLINE,
     **params: Any,
 ) -> list[tuple[float, DagClassifier, float, float]]:
     """Fit one DAG per ``cost_scale`` and score it on the validation set: a list of
@@ -995,16 +1017,30 @@ def sweep(
 
     The groups (Alg. 2) and the classifier bank do not depend on the cost scale, so they are
     fitted once and shared (by reference) between the returned models; only the policies are
-    retrained per cost scale."""
+    retrained per cost scale. The bank's members and the cost scales after the first run on
+    ``executor`` (in this process by default; the fitted model is shipped to the workers
+    once), with the same results on any executor."""
     if len(cost_scales) == 0:
         raise ValueError("cost_scales must hold at least one value, got none")
     if "cost_scale" in params:
         raise ValueError("pass the cost scales in cost_scales, not as cost_scale=")
-    y_val_arr = np.asarray(y_val)
-    base = DagClassifier(cost_scale=float(cost_scales[0]), **params).fit(X, y)
+    base = DagClassifier(cost_scale=float(cost_scales[0]), **params).fit(X, y, executor=executor)
+    first = _score_point(base, X, X_val, y_val, None)
+    rest = executor.map(_score_point, [float(cs) for cs in cost_scales[1:]],
+                        shared=(base, X, X_val, y_val))
     out: list[tuple[float, DagClassifier, float, float]] = []
-    for i, cs in enumerate(cost_scales):
-        model = base if i == 0 else base._with_cost_scale(float(cs), X)
-        pred, spent, _ = model.predict_with_cost(X_val)
-        out.append((float(cs), model, float(spent.mean()), float(np.mean(pred != y_val_arr))))
+    for cs, (policies, spent, error) in zip(cost_scales, [first, *rest], strict=True):
+        model = base if policies is None else base._with_policies(policies)
+        out.append((float(cs), model, spent, error))
     return out
+
+
+def _score_point(
+    base: DagClassifier, X: Any, X_val: Any, y_val: Any, cost_scale: float | None
+) -> tuple[dict[str, Any] | None, float, float]:
+    """One sweep point: the policies retrained for ``cost_scale`` (None: ``base`` as it is,
+    no policies returned) and their mean acquired cost and error rate on the validation set."""
+    model = base if cost_scale is None else base._with_cost_scale(cost_scale, X)
+    pred, spent, _ = model.predict_with_cost(X_val)
+    policies = None if cost_scale is None else model._policy_state()
+    return policies, float(spent.mean()), float(np.mean(pred != np.asarray(y_val)))

@@ -41,6 +41,7 @@ from service.bundle import (
 )
 from training.build import library_versions, staging
 from training.dag import DagClassifier, sweep
+from training.executor import INLINE, Executor
 from training.export import export_classifier, onnx_probabilities, verify_export
 
 
@@ -175,8 +176,10 @@ def build_dag_bundle(
     columns: Sequence[str],
     *,
     data_fingerprint: str | None = None,
+    executor: Executor = INLINE,
 ) -> DagBuildResult:
-    """Split, sweep the cost trade-off, export, verify, write ``out_dir`` atomically."""
+    """Split, sweep the cost trade-off (its tasks on ``executor``), export, verify, write
+    ``out_dir`` atomically."""
     spec.check()
     position = {c: i for i, c in enumerate(columns)}
     sensors = {s: [position[c] for c in cols] for s, cols in spec.sensors.items()}
@@ -189,7 +192,8 @@ def build_dag_bundle(
         stratify=y_rest, random_state=spec.seed,
     )
     fits = sweep(x_train, y_train, x_val, y_val, spec.cost_scales, sensors=sensors,
-                 costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed)
+                 costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed,
+                 executor=executor)
     base = fits[0][1]
     classes = [str(c) for c in base.classes_]
     sensor_names = list(spec.sensors)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from training.polydom.lattice import prefetcher
 from training.polydom.poly import FloatArray, check_costs, check_domain, horner
 
 #: Decades k of the default positive grid λ_k = 10**k / (typical feature cost at n_ref):
@@ -207,9 +208,16 @@ class GreedySequences:
                 expanded[mask] = float(value)
             return expanded[mask]
 
+        batch = prefetcher(evaluate)
+
+        def prefetch(masks: list[int]) -> None:
+            todo = [mk for mk in masks if mk not in expanded]
+            if len(todo) > 1:
+                batch(todo)
+
         orders: dict[tuple[int, ...], list[float]] = {}
         for lam in grid:
-            order = tuple(_greedy_order(m, lam, feature_costs, accuracy))
+            order = tuple(_greedy_order(m, lam, feature_costs, accuracy, prefetch))
             orders.setdefault(order, []).append(lam)
 
         sequences = [
@@ -270,9 +278,14 @@ class GreedySequences:
 
 
 def _greedy_order(
-    m: int, lam: float, feature_costs: FloatArray, accuracy: Callable[[int], float]
+    m: int,
+    lam: float,
+    feature_costs: FloatArray,
+    accuracy: Callable[[int], float],
+    prefetch: Callable[[list[int]], None] = lambda masks: None,
 ) -> list[int]:
-    """One greedy order for λ (see the module docstring for the tie-breaking)."""
+    """One greedy order for λ (see the module docstring for the tie-breaking). Each step's
+    candidate sets are handed to ``prefetch`` as one batch before they are evaluated."""
     remaining = list(range(m))
     order: list[int] = []
     mask = 0
@@ -284,9 +297,11 @@ def _greedy_order(
             if len(tied) == 1:
                 best = tied[0]
             else:
+                prefetch([mask | 1 << j for j in tied])
                 keys = [(accuracy(mask | 1 << j) - current, -j) for j in tied]
                 best = -max(keys)[1]
         else:
+            prefetch([mask | 1 << j for j in remaining])
             scored = []
             for j in remaining:
                 c = float(feature_costs[j])

@@ -18,19 +18,44 @@ closure pass follows: any never-expanded set that is not sandwiched is expanded,
 fixpoint. Afterwards every unexpanded H has an expanded F ⊊ H with a(H) <= a(F) + ε and,
 since costs have non-negative coefficients, c_F <= c_H everywhere: H is ε-dominated
 (Definition 3.1) and never needed (Theorem 3.2). So Theorem 3.5 holds by construction.
+
+Batches: within a layer, whether a set is expanded depends only on the expansions made before
+the layer (the sandwich check reads the DP tables, refreshed once per layer), so each layer's
+expansions, and each closure round's, are independent. An ``evaluate`` with a
+``prefetch(masks)`` method (:class:`BatchEvaluate`, e.g. ``training.build.LatticeEvaluator``
+on a parallel executor) is handed each such batch before its sets are expanded, in the order
+they are expanded; the traversal and its result are the same with or without it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 Evaluate = Callable[[int], float]
+
+
+@runtime_checkable
+class BatchEvaluate(Protocol):
+    """An ``evaluate`` that can compute a batch of independent sets at once (and memoise
+    them) before they are asked for one by one."""
+
+    def __call__(self, mask: int) -> float: ...
+
+    def prefetch(self, masks: Sequence[int]) -> None: ...
+
+
+def prefetcher(evaluate: Evaluate) -> Callable[[Sequence[int]], None]:
+    """``evaluate.prefetch`` when it has one, else a no-op."""
+    if isinstance(evaluate, BatchEvaluate):
+        return evaluate.prefetch
+    return lambda masks: None
 
 #: Largest lattice the DP tables are sized for (2^m floats each).
 MAX_FEATURES = 22
@@ -66,6 +91,7 @@ class _Lattice:
         self.m = m
         self.full = (1 << m) - 1
         self.evaluate = evaluate
+        self.prefetch = prefetcher(evaluate)
         self.acc: dict[int, float] = {}
         self.sub_max: FloatArray = np.full(1 << m, -np.inf)
         self.sup_min: FloatArray = np.full(1 << m, np.inf)
@@ -79,6 +105,13 @@ class _Lattice:
                 )
             self.acc[mask] = value
         return self.acc[mask]
+
+    def new(self, masks: Iterable[int]) -> list[int]:
+        """The masks not expanded yet, handed to ``prefetch`` as one batch."""
+        todo = [m for m in masks if m not in self.acc]
+        if len(todo) > 1:
+            self.prefetch(todo)
+        return todo
 
     def refresh(self) -> None:
         """Recompute both DP tables from the expanded sets: O(m 2^m), vectorised."""
@@ -189,8 +222,20 @@ def close_lattice(lat: _Lattice, eps: float, delta: float) -> int:
         if bad.size == 0:
             return len(lat.acc) - before
         sizes = np.bitwise_count(bad.astype(np.uint64))
-        for mask in bad[sizes == sizes.min()].tolist():
-            lat.expand(int(mask))
+        for mask in lat.new(int(m) for m in bad[sizes == sizes.min()].tolist()):
+            lat.expand(mask)
+
+
+def _layer(lat: _Lattice, queued: list[int], eps: float, delta: float) -> tuple[list[int], int]:
+    """The queued sets one layer expands, in order (those neither expanded nor sandwiched),
+    and how many were skipped as sandwiched.
+
+    Expanding one of them changes neither test for another (the DP tables are only
+    refreshed between layers), so they are decided up front and prefetched as one batch.
+    """
+    fresh = [mask for mask in queued if mask not in lat.acc]
+    layer = lat.new(mask for mask in fresh if not lat.sandwiched(mask, eps, delta))
+    return layer, len(fresh) - len(layer)
 
 
 def expand_polydom(
@@ -208,34 +253,28 @@ def expand_polydom(
         raise ValueError(f"m={m} features given; between 1 and {MAX_FEATURES} are supported.")
     lat = _Lattice(m, evaluate)
     full = lat.full
-    lat.expand(0)
-    lat.expand(full)
+    for mask in lat.new([0, full]):
+        lat.expand(mask)
     bottom: set[int] = set(_neighbours(0, m, up=True)) - {full}
     top: set[int] = set(_neighbours(full, m, up=False)) - {0}
     skips = 0
     prunes = 0
     while bottom or top:
         lat.refresh()
+        layer, skipped = _layer(lat, sorted(bottom), epsilon_lattice, delta)
+        skips += skipped
         next_bottom: set[int] = set()
-        for mask in sorted(bottom):
-            if mask in lat.acc:
-                continue
-            if lat.sandwiched(mask, epsilon_lattice, delta):
-                skips += 1
-                continue
+        for mask in layer:
             lat.expand(mask)
             if lat.parents_covered(mask, epsilon_lattice, delta):
                 prunes += 1
             else:
                 next_bottom.update(_neighbours(mask, m, up=True))
         lat.refresh()
+        layer, skipped = _layer(lat, sorted(top, reverse=True), epsilon_lattice, delta)
+        skips += skipped
         next_top: set[int] = set()
-        for mask in sorted(top, reverse=True):
-            if mask in lat.acc:
-                continue
-            if lat.sandwiched(mask, epsilon_lattice, delta):
-                skips += 1
-                continue
+        for mask in layer:
             lat.expand(mask)
             if lat.children_covered(mask, epsilon_lattice, delta):
                 prunes += 1
@@ -260,7 +299,7 @@ def expand_all(m: int, evaluate: Evaluate) -> ExpansionResult:
     if not 1 <= m <= MAX_FEATURES:
         raise ValueError(f"m={m} features given; between 1 and {MAX_FEATURES} are supported.")
     lat = _Lattice(m, evaluate)
-    for mask in range(1 << m):
+    for mask in lat.new(range(1 << m)):
         lat.expand(mask)
     return ExpansionResult(
         m=m,
