@@ -34,8 +34,8 @@ from service.bundle import (
     write_manifest,
 )
 from training.build import library_versions, staging
-from training.dag_bundle import sensor_extractors, tabular_item
 from training.export import export_classifier, verify_export
+from training.tabular import sensor_extractors, tabular_item
 
 SENSORS = {"a": ["a1"], "g": ["g1"], "b": ["b1"], "c": ["c1"]}
 COSTS = {"a": 1.0, "g": 1.0, "b": 2.0, "c": 2.0}

@@ -422,3 +422,36 @@ def test_cli_joins_a_ray_cluster_started_with_ray_start(tmp_path: Path) -> None:
     assert on_ray.provenance.parameters["operating_points"] == inline.points
     for onnx_file in sorted((tmp_path / "inline").glob("*.onnx")):
         assert (tmp_path / "on-ray" / onnx_file.name).read_bytes() == onnx_file.read_bytes()
+
+
+# ------------------------------------------------------------------ the gating sweep (paper 001)
+
+
+@pytest.mark.parametrize("kind", ["joblib", "ray"])
+def test_gating_sweep_elsewhere_is_the_same(request: pytest.FixtureRequest, kind: str) -> None:
+    from sklearn.datasets import make_classification
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from training.adapt import FittedF0
+    from training.gating import Config
+    from training.gating import sweep as gating_sweep
+
+    if kind == "ray":
+        request.getfixturevalue("ray_local")
+    X, y = make_classification(500, 6, n_informative=4, n_classes=3, random_state=0)
+    f0 = FittedF0.fit(KNeighborsClassifier(5), X[:300], y[:300])
+    grid = [Config("adapt-gbrt", 0.3, 1e-3), Config("greedymiser", 0.0, 1e-2),
+            Config("adapt-lin", 0.3, 1e-2), Config("l1", 0.0, 0.1)]
+
+    def run(ex: Any) -> list[tuple[str, float, float, float, float]]:
+        points = gating_sweep(X[:300], y[:300], X[300:400], y[300:400], costs=np.ones(6),
+                              f0=f0, grid=grid, X_test=X[400:], y_test=y[400:], executor=ex)
+        for p in points:  # the shared f0 is re-attached, not a copy that travelled back
+            assert getattr(p.estimator, "f0_", None) in (None, f0.model)
+            assert p.method == "greedymiser" or p.estimator.f0_ is f0.model
+        return [(p.id, p.val_accuracy, p.val_cost, p.test_accuracy, p.test_cost)
+                for p in points]
+
+    reference = run(INLINE)
+    with make_executor("ray" if kind == "ray" else "local", n_jobs=2) as ex:
+        assert run(ex) == reference

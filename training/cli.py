@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -18,6 +19,12 @@ from rich.progress import (
 from rich.table import Table
 
 from training.executor import Executor, ExecutorKind
+
+if TYPE_CHECKING:
+    from training.tabular import TabularSpec
+
+S = TypeVar("S", bound="TabularSpec")
+R = TypeVar("R")
 
 app = typer.Typer(add_completion=False, help="Train and inspect budget-aware bundles.")
 console = Console()
@@ -194,13 +201,51 @@ def plot(
     console.print(f"wrote {png} and {md}")
 
 
+CsvOption = Annotated[Path, typer.Option("--csv", help="data, one row per item",
+                                         exists=True, dir_okay=False)]
+SpecOption = Annotated[Path, typer.Option("--spec", help="the spec: label, sensors, costs, ... "
+                                          "(JSON or YAML)", exists=True, dir_okay=False)]
+OutOption = Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")]
+
+
+def _build_tabular(
+    load: Callable[[Path], S],
+    csv_path: Path,
+    spec_path: Path,
+    out: Path | None,
+    workers: Executor,
+    status: Callable[[S, int], str],
+    build: Callable[..., R],
+) -> tuple[S, R, Path]:
+    """Read a spec and its CSV, build the bundle into ``out`` (default models/<name>) on the
+    executor; bad specs, data or export checks end the command with what was wrong."""
+    from training.dag_bundle import DagExportMismatch
+    from training.gating import GatingExportMismatch
+    from training.tabular import read_csv
+
+    try:
+        spec = load(spec_path)
+        x, y, columns = read_csv(csv_path, spec)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    target = out or Path("models") / spec.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with workers, console.status(f"{status(spec, len(y))} ({workers.describe()})"):
+        try:
+            result = build(target, spec, x, y, columns, executor=workers)
+        except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate
+            raise typer.BadParameter(f"cannot build the bundle: {exc}") from None
+        except (DagExportMismatch, GatingExportMismatch) as exc:
+            console.print(f"[red]export check failed, nothing written:[/] {exc}")
+            raise typer.Exit(1) from None
+    return spec, result, target
+
+
 @app.command()
 def dag(
-    csv_path: Annotated[Path, typer.Option("--csv", help="data, one row per item",
-                                           exists=True, dir_okay=False)],
-    spec_path: Annotated[Path, typer.Option("--spec", help="sensors and costs (JSON or YAML)",
-                                            exists=True, dir_okay=False)],
-    out: Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")] = None,
+    csv_path: CsvOption,
+    spec_path: SpecOption,
+    out: OutOption = None,
     executor: ExecutorOption = ExecutorKind.LOCAL,
     address: AddressOption = None,
     n_jobs: NJobsOption = None,
@@ -210,29 +255,52 @@ def dag(
     The spec names the label column, the sensors (name -> columns), their costs in `unit`,
     the cost trade-offs to sweep (`cost_scales`) and, for many sensors, `n_subsets` (Alg. 2).
     """
-    from training.dag_bundle import DagSpec, build_dag_bundle, read_csv
+    from training.dag_bundle import DagSpec, build_dag_bundle
 
-    try:
-        spec = DagSpec.load(spec_path)
-        x, y, columns = read_csv(csv_path, spec)
-    except (ValueError, TypeError) as exc:
-        raise typer.BadParameter(str(exc)) from None
-    target = out or Path("models") / spec.name
-    workers = open_executor(executor, address, n_jobs)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with workers, console.status(
-        f"training {len(spec.cost_scales)} operating points on {len(y)} rows"
-    ):
-        try:
-            result = build_dag_bundle(target, spec, x, y, columns, executor=workers)
-        except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate
-            raise typer.BadParameter(f"cannot build the bundle: {exc}") from None
+    spec, result, target = _build_tabular(
+        DagSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
+        lambda spec, rows: f"training {len(spec.cost_scales)} operating points on {rows} rows",
+        build_dag_bundle,
+    )
     table = Table("cost scale", "val cost", "val error", "test cost", "test error",
                   title=f"{spec.name}: DAG operating points ({spec.unit})")
     for p in result.points:
         table.add_row(f"{p['cost_scale']:g}", f"{p['validation_cost']:.2f}",
                       f"{p['validation_error']:.3f}", f"{p['test_cost']:.2f}",
                       f"{p['test_error']:.3f}")
+    console.print(table)
+    console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
+
+
+@app.command()
+def gating(
+    csv_path: CsvOption,
+    spec_path: SpecOption,
+    out: OutOption = None,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
+) -> None:
+    """Build a gating bundle (ADAPT-GBRT, ADAPT-LIN, L1 baseline, GreedyMiser; paper 001).
+
+    The spec names the label column, the features (`sensors`: a list of columns, or one
+    column per sensor), their costs in `unit`, and optionally `methods`, `f0`
+    (lightgbm | random-forest) and an explicit `grid` of {method, p_full, regularisation}.
+    """
+    from training.gating_bundle import GatingSpec, build_gating_bundle
+
+    spec, result, target = _build_tabular(
+        GatingSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
+        lambda spec, rows: f"sweeping {len(spec.configs())} configurations on {rows} rows",
+        build_gating_bundle,
+    )
+    strategy = result.manifest.strategy("gating")
+    table = Table("operating point", "accuracy", "average cost", "sent to f0",
+                  title=f"{spec.name}: gating points (chosen on validation rows; numbers on "
+                        f"test rows, in {spec.unit})")
+    for point in getattr(strategy, "points", []):
+        table.add_row(point.id, f"{point.accuracy:.3f}", f"{point.mean_cost:.2f}",
+                      f"{point.fraction_full:.0%}")
     console.print(table)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 

@@ -8,12 +8,9 @@ built-in ``sensor`` extractor serving its columns at a declared cost (``cost_bas
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import hashlib
-import json
 import platform
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,16 +20,12 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.model_selection import train_test_split
 
 from service.bundle import (
-    CostPolynomial,
     DagNode,
     DagPolicy,
     DagState,
     DagStrategy,
-    ExtractorSpec,
-    ItemSpec,
     Manifest,
     ModelSpec,
     Provenance,
@@ -43,6 +36,16 @@ from training.build import library_versions, staging
 from training.dag import DagClassifier, sweep
 from training.executor import INLINE, Executor
 from training.export import export_classifier, onnx_probabilities, verify_export
+from training.tabular import (
+    TabularSpec,
+    column_positions,
+    fingerprint,
+    read_csv,
+    sensor_extractors,
+    tabular_item,
+)
+
+__all__ = ["DagBuildResult", "DagExportMismatch", "DagSpec", "build_dag_bundle", "read_csv"]
 
 
 class DagExportMismatch(RuntimeError):
@@ -50,114 +53,19 @@ class DagExportMismatch(RuntimeError):
 
 
 @dataclass
-class DagSpec:
-    """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML)."""
+class DagSpec(TabularSpec):
+    """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
+    plus the cost trade-offs to sweep and, for many sensors, the number of groups (Alg. 2)."""
 
-    name: str
-    label: str
-    sensors: dict[str, list[str]]
-    costs: dict[str, float] = field(default_factory=dict)
-    unit: str = "units"
     cost_scales: list[float] = field(
         default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
     )
     n_subsets: int | None = None
-    columns: list[str] | None = None  # for a CSV without a header row
-    test_fraction: float = 0.2
-    validation_fraction: float = 0.2
-    seed: int = 0
-
-    @classmethod
-    def load(cls, path: Path) -> DagSpec:
-        text = path.read_text()
-        if path.suffix in {".yaml", ".yml"}:
-            import yaml
-
-            raw = yaml.safe_load(text)
-        else:
-            raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw)}")
-        unknown = set(raw) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: "
-                             f"{sorted(cls.__dataclass_fields__)}")
-        spec = cls(**raw)
-        spec.check()
-        return spec
 
     def check(self) -> None:
-        if not isinstance(self.name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", self.name):
-            raise ValueError(
-                f"name {self.name!r}: a bundle name is lower-case letters, digits, '_', '.', '-'"
-            )
-        if not isinstance(self.sensors, dict) or not self.sensors:
-            raise ValueError(
-                f"sensors must map sensor names to lists of columns, got {self.sensors!r}"
-            )
-        if not isinstance(self.costs, dict):
-            raise ValueError(f"costs must map sensor names to numbers, got {self.costs!r}")
-        for fraction in ("test_fraction", "validation_fraction"):
-            value = getattr(self, fraction)
-            if not isinstance(value, int | float) or not 0 < value < 1:
-                raise ValueError(f"{fraction} must be a number in (0, 1), got {value!r}")
-        if self.test_fraction + self.validation_fraction >= 1:
-            raise ValueError("test_fraction + validation_fraction must leave rows to train on")
-        seen: dict[str, str] = {}
-        for sensor, columns in self.sensors.items():
-            if not isinstance(columns, list) or not columns:
-                raise ValueError(f"sensor {sensor!r}: expected a non-empty list of columns")
-            if self.label in columns:
-                raise ValueError(
-                    f"sensor {sensor!r} serves the label column {self.label!r}: remove it"
-                )
-            for column in columns:
-                if column in seen:
-                    raise ValueError(
-                        f"column {column!r} belongs to sensors {seen[column]!r} and {sensor!r}; "
-                        "each column may belong to one sensor"
-                    )
-                seen[column] = sensor
-        unknown = set(self.costs) - set(self.sensors)
-        if unknown:
-            raise ValueError(f"costs given for unknown sensors {sorted(unknown)}")
-        if any(not isinstance(c, int | float) or not c >= 0 for c in self.costs.values()):
-            raise ValueError(f"sensor costs must be numbers >= 0, got {self.costs}")
+        super().check()
         if not self.cost_scales or any(c < 0 for c in self.cost_scales):
             raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
-
-
-def read_csv(path: Path, spec: DagSpec) -> tuple[npt.NDArray[np.float64], npt.NDArray[Any],
-                                                  list[str]]:
-    """The sensor columns as floats, the label column as strings, and the column names."""
-    with path.open(newline="") as handle:
-        rows = list(csv.reader(handle))
-    header: list[str]
-    if spec.columns is not None:
-        header = list(spec.columns)
-    elif rows:
-        header, rows = [h.strip() for h in rows[0]], rows[1:]
-    else:
-        raise ValueError(f"{path}: the file is empty")
-    index = {name: i for i, name in enumerate(header)}
-    needed = [c for cols in spec.sensors.values() for c in cols]
-    missing = [c for c in [*needed, spec.label] if c not in index]
-    if missing:
-        raise ValueError(f"{path}: no column(s) {missing}; the file has {header}")
-    rows = [r for r in rows if r and any(cell.strip() for cell in r)]
-    short = [i for i, r in enumerate(rows) if len(r) < len(header)]
-    if short:
-        raise ValueError(
-            f"{path}: row {short[0] + 1} has fewer cells than the {len(header)} columns"
-        )
-    if not rows:
-        raise ValueError(f"{path}: no data rows")
-    try:
-        x = np.asarray([[float(r[index[c]]) for c in needed] for r in rows], dtype=np.float64)
-    except ValueError as exc:
-        raise ValueError(f"{path}: a sensor column holds a non-number: {exc}") from None
-    y = np.asarray([r[index[spec.label]].strip() for r in rows])
-    return x, y, needed
 
 
 @dataclass
@@ -182,15 +90,9 @@ def build_dag_bundle(
     ``out_dir`` atomically."""
     spec.check()
     position = {c: i for i, c in enumerate(columns)}
-    sensors = {s: [position[c] for c in cols] for s, cols in spec.sensors.items()}
-    costs = {s: float(spec.costs.get(s, 1.0)) for s in spec.sensors}
-    x_rest, x_test, y_rest, y_test = train_test_split(
-        x, y, test_size=spec.test_fraction, stratify=y, random_state=spec.seed
-    )
-    x_train, x_val, y_train, y_val = train_test_split(
-        x_rest, y_rest, test_size=spec.validation_fraction / (1 - spec.test_fraction),
-        stratify=y_rest, random_state=spec.seed,
-    )
+    sensors = column_positions(spec, columns)
+    costs = spec.sensor_costs()
+    x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
     fits = sweep(x_train, y_train, x_val, y_val, spec.cost_scales, sensors=sensors,
                  costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed,
                  executor=executor)
@@ -239,7 +141,7 @@ def build_dag_bundle(
             default_strategy="dag",
             provenance=Provenance(
                 created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                data_fingerprint=data_fingerprint or _fingerprint(x, y),
+                data_fingerprint=data_fingerprint or fingerprint(x, y),
                 parameters={
                     "label": spec.label, "sensors": spec.sensors, "costs": costs,
                     "cost_scales": spec.cost_scales, "n_subsets": spec.n_subsets,
@@ -254,33 +156,6 @@ def build_dag_bundle(
         )
         write_manifest(tmp, manifest)
     return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
-
-
-def tabular_item(sensors: Mapping[str, Sequence[str]]) -> ItemSpec:
-    """The item spec of a tabular bundle: every sensor's columns, sensors in order."""
-    return ItemSpec(kind="tabular", columns=[c for cols in sensors.values() for c in cols],
-                    size_unit="row")
-
-
-def sensor_extractors(
-    sensors: Mapping[str, Sequence[str]], costs: Mapping[str, float], unit: str
-) -> list[ExtractorSpec]:
-    """One ``sensor`` extractor per sensor, serving its columns at its declared cost (a
-    constant: a row's cost does not depend on its size)."""
-    return [
-        ExtractorSpec(
-            name=name, plugin="sensor", version="1", dims=len(columns),
-            params={"columns": list(columns)},
-            cost=CostPolynomial(coefficients=[float(costs[name])], unit=unit),
-        )
-        for name, columns in sensors.items()
-    ]
-
-
-def _fingerprint(x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> str:
-    h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
-    h.update("\n".join(map(str, y)).encode())
-    return "sha256:" + h.hexdigest()
 
 
 def _export_bank(

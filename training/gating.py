@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from training.adapt import AdaptLin, FittedF0, L1Baseline
 from training.adapt_gbrt import AdaptGbrt
+from training.executor import INLINE, Executor
 from training.export import ATOL, export_classifier
 
 FloatArray = npt.NDArray[np.float64]
@@ -293,11 +294,12 @@ def tolerant_deviation(got: FloatArray, expected: FloatArray, label: str) -> flo
         return 0.0
     per_row = np.max(np.abs(got - expected).reshape(got.shape[0], -1), axis=1)
     bad = per_row > ATOL
-    if np.mean(bad) > FLOAT32_FLIPS:
+    allowed = max(1, int(FLOAT32_FLIPS * bad.size))
+    if int(bad.sum()) > allowed:
         raise GatingExportMismatch(
             f"{label} ONNX differs from the fitted model by up to {per_row.max():.3g} on "
-            f"{int(bad.sum())} of {bad.size} check rows (allowed: {FLOAT32_FLIPS:.1%} of rows, "
-            "for float32 threshold rounding)"
+            f"{int(bad.sum())} of {bad.size} check rows (allowed: {allowed}, "
+            f"{FLOAT32_FLIPS:.1%} of the rows or one, for float32 threshold rounding)"
         )
     return float(per_row[~bad].max()) if np.any(~bad) else 0.0
 
@@ -320,7 +322,7 @@ def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: s
         got_routed = _run(gate.onnx, x32[:, gate.columns])[:, 0] > gate.threshold
     # float32 inference may flip items that sit on the threshold; anything more is a bug.
     disagree = float(np.mean(got_routed != routed))
-    if disagree > FLOAT32_FLIPS:
+    if int(np.sum(got_routed != routed)) > max(1, int(FLOAT32_FLIPS * X.shape[0])):
         raise GatingExportMismatch(
             f"{label}: the exported gate routes {disagree:.1%} of the check rows differently"
         )
@@ -372,10 +374,10 @@ def default_grid(methods: Iterable[str] = METHODS) -> list[Config]:
     grid: list[Config] = []
     for method in methods:
         if method == "adapt-gbrt":
-            grid += [Config(method, p, lam) for p in (0.1, 0.25, 0.5)
-                     for lam in (1e-3, 1e-2, 3e-2, 0.1)]
+            grid += [Config(method, p, lam) for p in (0.1, 0.3, 0.5)
+                     for lam in (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)]
         elif method == "greedymiser":
-            grid += [Config(method, 0.0, lam) for lam in (1e-3, 1e-2, 3e-2, 0.1, 0.3)]
+            grid += [Config(method, 0.0, lam) for lam in (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)]
         elif method == "adapt-lin":
             grid += [Config(method, p, g) for p in (0.2, 0.4, 0.6)
                      for g in (0.003, 0.01, 0.03, 0.1)]
@@ -421,6 +423,25 @@ def _score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float
             float(np.mean(routed)))
 
 
+def _fit_task(
+    X: FloatArray,
+    y: npt.NDArray[Any],
+    costs: FloatArray,
+    f0: FittedF0,
+    standardize: bool,
+    random_state: int,
+    config: Config,
+) -> Gated:
+    """One configuration, where the executor runs it. The shared f0 is detached from the
+    result (it would travel back once per configuration) and re-attached by :func:`sweep`."""
+    est = fit_config(config, X, y, costs=costs, f0=f0, standardize=standardize,
+                     random_state=random_state)
+    if getattr(est, "f0_", None) is f0.model:
+        est.f0_ = None
+        est.f0_detached_ = True
+    return est
+
+
 def sweep(
     X: FloatArray,
     y: npt.NDArray[Any],
@@ -434,14 +455,18 @@ def sweep(
     y_test: npt.NDArray[Any] | None = None,
     standardize: bool = True,
     random_state: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    executor: Executor = INLINE,
 ) -> list[SweepPoint]:
-    """Fit every configuration and score it (L1: one point per gate threshold; ADAPT-LIN
-    and ADAPT-GBRT: one per routing rule)."""
+    """Fit every configuration (the fits run on ``executor``: inline, joblib or Ray; the
+    data and f0 are shared once) and score it (L1: one point per gate threshold; ADAPT-LIN and
+    ADAPT-GBRT: one per routing rule)."""
+    fitted = executor.map(_fit_task, list(grid),
+                          shared=(X, y, costs, f0, standardize, random_state))
     points: list[SweepPoint] = []
-    for i, config in enumerate(grid):
-        est = fit_config(config, X, y, costs=costs, f0=f0, standardize=standardize,
-                         random_state=random_state)
+    for config, est in zip(grid, fitted, strict=True):
+        if getattr(est, "f0_detached_", False):
+            est.f0_ = f0.model
+            del est.f0_detached_
         variants: list[tuple[Gated, dict[str, float | str]]] = [(est, {})]
         if isinstance(est, L1Baseline):
             variants = [(_with(est, gate_threshold=tau), {"t": tau}) for tau in L1_THRESHOLDS]
@@ -456,8 +481,6 @@ def sweep(
                     variant, X_test, y_test
                 )
             points.append(point)
-        if progress is not None:
-            progress(i + 1, len(grid))
     return points
 
 

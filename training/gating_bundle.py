@@ -12,7 +12,7 @@ import datetime as _dt
 import hashlib
 import platform
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from service.bundle import (
 from training.adapt import FittedF0
 from training.adapt_gbrt import default_gbrt_f0
 from training.build import library_versions, staging
+from training.executor import INLINE, Executor
 from training.export import onnx_probabilities
 from training.gating import (
     METHODS,
@@ -124,9 +125,10 @@ def build_gating_bundle(
     columns: Sequence[str],
     *,
     data_fingerprint: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    executor: Executor = INLINE,
 ) -> GatingBuildResult:
-    """Split, fit f0 once, sweep, keep the validation Pareto set, export, verify, write
+    """Split, fit f0 once, sweep (its fits on ``executor``), keep the validation Pareto set,
+    export, verify, write
     atomically. The points are chosen on validation rows; the accuracies, costs and routed
     fractions written to the manifest (what the service ranks and reports) are measured on
     the test rows, which took no part in any choice."""
@@ -142,7 +144,7 @@ def build_gating_bundle(
     f0 = FittedF0.fit(spec.make_f0(), x_train, y_train, random_state=spec.seed)
     points = sweep(x_train, y_train, x_val, y_val, costs=costs, f0=f0, grid=spec.configs(),
                    X_test=x_test, y_test=y_test, standardize=spec.standardize,
-                   random_state=spec.seed, progress=progress)
+                   random_state=spec.seed, executor=executor)
     f0_val = float(np.mean(classes[f0.model.predict(x_val)] == y_val))
     f0_test = float(np.mean(classes[f0.model.predict(x_test)] == y_test))
     full_cost = float(costs.sum())

@@ -8,7 +8,7 @@ import csv
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,19 +100,10 @@ class TabularSpec:
 
     def extractors(self) -> list[ExtractorSpec]:
         """One ``sensor`` extractor per sensor, in declaration order."""
-        costs = self.sensor_costs()
-        return [
-            ExtractorSpec(
-                name=s, plugin="sensor", version="1", dims=len(cols),
-                params={"columns": list(cols)},
-                cost=CostPolynomial(coefficients=[costs[s]], unit=self.unit),
-            )
-            for s, cols in self.sensors.items()
-        ]
+        return sensor_extractors(self.sensors, self.sensor_costs(), self.unit)
 
     def item(self) -> ItemSpec:
-        return ItemSpec(kind="tabular", columns=[c for cols in self.sensors.values() for c in cols],
-                        size_unit="row")
+        return tabular_item(self.sensors)
 
     def split(
         self, x: FloatMatrix, y: npt.NDArray[Any]
@@ -127,6 +118,27 @@ class TabularSpec:
             stratify=y_rest, random_state=self.seed,
         )
         return x_train, x_val, x_test, y_train, y_val, y_test
+
+
+def tabular_item(sensors: Mapping[str, Sequence[str]]) -> ItemSpec:
+    """The item spec of a tabular bundle: every sensor's columns, sensors in order."""
+    return ItemSpec(kind="tabular", columns=[c for cols in sensors.values() for c in cols],
+                    size_unit="row")
+
+
+def sensor_extractors(
+    sensors: Mapping[str, Sequence[str]], costs: Mapping[str, float], unit: str
+) -> list[ExtractorSpec]:
+    """One ``sensor`` extractor per sensor, serving its columns at its declared cost (a
+    constant: a row's cost does not depend on its size)."""
+    return [
+        ExtractorSpec(
+            name=name, plugin="sensor", version="1", dims=len(columns),
+            params={"columns": list(columns)},
+            cost=CostPolynomial(coefficients=[float(costs[name])], unit=unit),
+        )
+        for name, columns in sensors.items()
+    ]
 
 
 def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatMatrix, npt.NDArray[Any], list[str]]:
