@@ -13,7 +13,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
   echo "with-redis: installing redis-server" >&2
   if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  # Install without starting the packaged system service (policy-rc.d 101: do not start).
+  guard=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    guard=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$guard" >/dev/null
+    $SUDO chmod +x "$guard"
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    redis-server >/dev/null
+  if [[ -n "$guard" ]]; then $SUDO rm -f "$guard"; fi
 fi
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')

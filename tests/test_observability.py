@@ -98,9 +98,13 @@ def test_compose_services_health_dependencies_and_images() -> None:
             assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+(-[\w.]+)?", service["image"]), (
                 f"{name}: image {service['image']!r} is not pinned to a full version")
         for dep, cond in service.get("depends_on", {}).items():
+            if name == "prometheus":
+                # Monitoring must come up (and alert) when the service is not ready.
+                assert cond == {"condition": "service_started"}, (name, dep)
+                continue
             assert cond == {"condition": "service_healthy"}, (name, dep)
             assert services[dep].get("healthcheck"), f"{name} waits on {dep}'s health"
-    # the chain: redis → budgetserve → prometheus → grafana
+    # the chain: redis → budgetserve (healthy) ; budgetserve (started) → prometheus → grafana
     assert set(services["budgetserve"]["depends_on"]) == {"redis"}
     assert set(services["prometheus"]["depends_on"]) == {"budgetserve"}
     assert set(services["grafana"]["depends_on"]) == {"prometheus"}
