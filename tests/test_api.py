@@ -474,9 +474,17 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
             ]
             costs = client.get("/models/tiny/costs").json()
         outcomes[calibrate] = [b["deadline_exceeded"] for b in bodies]
+        planned_hog = ["hog" in b["cost"]["extracted"] for b in bodies]
+        if calibrate:
+            # What calibration changes is the plan: once hog's real cost is known it is no
+            # longer planned within 5 ms (overruns follow from that, but on a loaded machine
+            # another extraction can still run late, so they are bounded, not zero).
+            assert not any(planned_hog[10:]), planned_hog
+        else:
+            assert sum(planned_hog[10:]) >= 15, planned_hog
         if calibrate:
             assert costs["calibrated"] is True
             hog = costs["extractors"]["hog"]
             assert max(b["factor"] for b in hog["buckets"]) > 10, hog["buckets"]
     assert sum(outcomes[False][10:]) >= 15, "without calibration the wrong model keeps overrunning"
-    assert sum(outcomes[True][10:]) == 0, outcomes[True]
+    assert sum(outcomes[True][10:]) <= 2, outcomes[True]
