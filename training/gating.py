@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -401,12 +401,14 @@ def fit_config(
     f0: FittedF0,
     f0_linear: FittedF0 | None = None,
     standardize: bool = True,
+    gbrt_params: Mapping[str, Any] | None = None,
     random_state: int = 0,
 ) -> Gated:
-    """Fit one configuration of the grid (the shared f0 is not refitted)."""
+    """Fit one configuration of the grid (the shared f0 is not refitted); ``gbrt_params``
+    (e.g. ``n_rounds``, ``num_leaves``) go to ADAPT-GBRT and GreedyMiser."""
     if config.method in ("adapt-gbrt", "greedymiser"):
         return AdaptGbrt(p_full=config.p_full, lam=config.regularisation, feature_costs=costs,
-                         f0=f0, random_state=random_state).fit(X, y)
+                         f0=f0, random_state=random_state, **dict(gbrt_params or {})).fit(X, y)
     if config.method == "adapt-lin":
         return AdaptLin(p_full=config.p_full, gamma=config.regularisation, feature_costs=costs,
                         f0=f0 if f0_linear is None else f0_linear, n_init=2,
@@ -429,13 +431,14 @@ def _fit_task(
     costs: FloatArray,
     f0: FittedF0,
     standardize: bool,
+    gbrt_params: Mapping[str, Any] | None,
     random_state: int,
     config: Config,
 ) -> Gated:
     """One configuration, where the executor runs it. The shared f0 is detached from the
     result (it would travel back once per configuration) and re-attached by :func:`sweep`."""
     est = fit_config(config, X, y, costs=costs, f0=f0, standardize=standardize,
-                     random_state=random_state)
+                     gbrt_params=gbrt_params, random_state=random_state)
     if getattr(est, "f0_", None) is f0.model:
         est.f0_ = None
         est.f0_detached_ = True
@@ -454,6 +457,7 @@ def sweep(
     X_test: FloatArray | None = None,
     y_test: npt.NDArray[Any] | None = None,
     standardize: bool = True,
+    gbrt_params: Mapping[str, Any] | None = None,
     random_state: int = 0,
     executor: Executor = INLINE,
 ) -> list[SweepPoint]:
@@ -461,7 +465,7 @@ def sweep(
     data and f0 are shared once) and score it (L1: one point per gate threshold; ADAPT-LIN and
     ADAPT-GBRT: one per routing rule)."""
     fitted = executor.map(_fit_task, list(grid),
-                          shared=(X, y, costs, f0, standardize, random_state))
+                          shared=(X, y, costs, f0, standardize, gbrt_params, random_state))
     points: list[SweepPoint] = []
     for config, est in zip(grid, fitted, strict=True):
         if getattr(est, "f0_detached_", False):
