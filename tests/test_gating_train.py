@@ -388,3 +388,14 @@ def test_points_that_f0_dominates_are_not_exported(tmp_path: Path) -> None:
         assert swept["id"] in exported
     else:
         assert exported == ["f0"]
+
+
+@pytest.mark.parametrize("f0", ["random-forest", "rbf-svm"])
+def test_other_f0_kinds_export_and_verify(tmp_path: Path, f0: str) -> None:
+    X, y = _data(3, n=400, seed=6)
+    cols = [f"f{i}" for i in range(8)]
+    spec = GatingSpec(name="kinds", label="label", sensors=list(cols),  # type: ignore[arg-type]
+                      f0=f0, grid=[{"method": "l1", "p_full": 0.0, "regularisation": 0.1}])
+    result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)  # verifies every export
+    assert (tmp_path / "b" / "f0.onnx").is_file()
+    assert result.manifest.model("f0").accuracy > 0.6

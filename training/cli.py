@@ -285,7 +285,8 @@ def gating(
 
     The spec names the label column, the features (`sensors`: a list of columns, or one
     column per sensor), their costs in `unit`, and optionally `methods`, `f0`
-    (lightgbm | random-forest) and an explicit `grid` of {method, p_full, regularisation}.
+    (lightgbm | random-forest | rbf-svm), an explicit `grid` of {method, p_full,
+    regularisation} and the serving `tolerance`.
     """
     from training.gating_bundle import GatingSpec, build_gating_bundle
 

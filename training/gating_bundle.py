@@ -20,6 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import RandomForestClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
 
 from service.bundle import (
     GatePoint,
@@ -50,7 +53,7 @@ from training.gating import (
 )
 from training.tabular import TabularSpec, column_positions, fingerprint
 
-F0_KINDS = ("lightgbm", "random-forest")
+F0_KINDS = ("lightgbm", "random-forest", "rbf-svm")
 
 
 @dataclass
@@ -101,6 +104,10 @@ class GatingSpec(TabularSpec):
     def make_f0(self) -> Any:
         if self.f0 == "random-forest":
             return RandomForestClassifier(n_estimators=200, random_state=self.seed, n_jobs=1)
+        if self.f0 == "rbf-svm":  # the paper's other f0 (Fig. 4d, 5); Platt probabilities
+            return make_pipeline(
+                StandardScaler(), SVC(kernel="rbf", probability=True, random_state=self.seed)
+            )
         return default_gbrt_f0(self.seed)
 
 
