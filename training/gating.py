@@ -399,7 +399,6 @@ def fit_config(
     *,
     costs: FloatArray,
     f0: FittedF0,
-    f0_linear: FittedF0 | None = None,
     standardize: bool = True,
     gbrt_params: Mapping[str, Any] | None = None,
     random_state: int = 0,
@@ -407,12 +406,13 @@ def fit_config(
     """Fit one configuration of the grid (the shared f0 is not refitted); ``gbrt_params``
     (e.g. ``n_rounds``, ``num_leaves``) go to ADAPT-GBRT and GreedyMiser."""
     if config.method in ("adapt-gbrt", "greedymiser"):
-        return AdaptGbrt(p_full=config.p_full, lam=config.regularisation, feature_costs=costs,
+        p_full = 0.0 if config.method == "greedymiser" else config.p_full  # by definition
+        return AdaptGbrt(p_full=p_full, lam=config.regularisation, feature_costs=costs,
                          f0=f0, random_state=random_state, **dict(gbrt_params or {})).fit(X, y)
     if config.method == "adapt-lin":
         return AdaptLin(p_full=config.p_full, gamma=config.regularisation, feature_costs=costs,
-                        f0=f0 if f0_linear is None else f0_linear, n_init=2,
-                        standardize=standardize, random_state=random_state).fit(X, y)
+                        f0=f0, n_init=2, standardize=standardize,
+                        random_state=random_state).fit(X, y)
     if config.method == "l1":
         return L1Baseline(C=config.regularisation, feature_costs=costs, f0=f0,
                           random_state=random_state).fit(X, y)
@@ -474,7 +474,7 @@ def sweep(
         variants: list[tuple[Gated, dict[str, float | str]]] = [(est, {})]
         if isinstance(est, L1Baseline):
             variants = [(_with(est, gate_threshold=tau), {"t": tau}) for tau in L1_THRESHOLDS]
-        elif config.p_full > 0.0:  # both routing rules of the same fit (no refit)
+        elif est.p_full > 0.0:  # both routing rules of the same fit (no refit)
             variants = [(_with(est, route_rule=rule), {"rule": rule}) for rule in ROUTE_RULES]
         for variant, extra in variants:
             acc, cost, frac = _score(variant, X_val, y_val)
