@@ -317,8 +317,8 @@ class GatePoint(_Strict):
 class GatingStrategy(_Strict):
     """Adaptive gating between a low-cost and a high-cost model (paper 001: ADAPT-LIN,
     ADAPT-GBRT, the L1 baseline, GreedyMiser). ``points`` is the Pareto set of a (P_full,
-    gamma/lambda) sweep; per request the runtime takes the most accurate point whose
-    expected cost fits the budget."""
+    gamma/lambda) sweep; per request the runtime serves the point that delivers the most
+    accuracy under the budget (within ``tolerance``, the cheapest on average)."""
 
     kind: Literal["gating"] = "gating"
     name: str = "gating"

@@ -2,12 +2,15 @@
 ADAPT-GBRT, the L1 baseline, GreedyMiser) as a strategy runtime.
 
 A bundle's gating strategy holds operating points, each a gate g, a low-cost model f1 and the
-high-cost model f0. Per request the runtime takes the most accurate point whose expected cost
-at the item's size fits the budget (the cheapest when none does)::
+high-cost model f0. Per request the runtime takes the point that delivers the most accuracy
+under the budget as a hard cap (within the strategy's ``tolerance``, the cheapest on average;
+see :meth:`GatingRuntime.choose`), where a point that can also pay f0's features is worth its
+gated accuracy at
 
     expected cost = c(g's ∪ f1's features) + fraction_full · c(f0's features not among them)
 
-with each extractor's calibrated cost at that size and cached features free. It then computes
+and one that can pay only g's and f1's is worth its f1's accuracy, with each extractor's
+calibrated cost at that size and cached features free. It then computes
 g's and f1's features, evaluates g and, if g sends the item to f0 and what is left of the
 budget covers f0's missing features, computes them and answers with f0; otherwise f1 answers.
 The budget is a hard cap, re-checked before every feature: when g's and f1's features cannot
