@@ -176,8 +176,9 @@ def test_f0_answers_only_when_its_missing_features_fit(
         sent += bool(score > 0)
         assert body["answered_by"] == LOW and body["decision"]["answered_by"] == "low"
         assert body["cost"]["extracted"] == ["g", "a"] and body["cost"]["spent"] == 2.0
-        # The gated system's accuracy holds only when the gate is followed.
-        assert body["expected_accuracy"] == (f1_accuracy if score > 0 else point.accuracy)
+        # The gated system's accuracy holds only when f0 can answer routed items: at this
+        # budget the point is worth its f1 alone, for every item.
+        assert body["expected_accuracy"] == f1_accuracy
     assert 0 < sent < len(x)
     assert point.accuracy != f1_accuracy
 

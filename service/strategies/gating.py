@@ -249,8 +249,13 @@ class GatingRuntime(StrategyRuntime):
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        point, planned, _ = self.choose(per_feature, budget, in_hand)
-        return GatingSession(self, point, per_feature, planned)
+        point, planned, deliverable = self.choose(per_feature, budget, in_hand)
+        session = GatingSession(self, point, per_feature, planned)
+        if deliverable < point.spec.accuracy and point.low != point.high:
+            # f0's features would not fit for the items the gate routes: the point is worth
+            # its f1 alone under this budget, and says so.
+            session.expected_accuracy = self.accuracy[point.low]
+        return session
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
         """(expected cost at ``size``, held-out accuracy, point id) of the points worth their
