@@ -249,6 +249,29 @@ def test_selectors_and_ports_agree(rendered: list[Resource]) -> None:
     assert service, "no Service in front of the budgetserve Deployment"
 
 
+def test_network_policies_admit_the_api_to_redis_only(rendered: list[Resource]) -> None:
+    """Redis runs without auth: where it is in the rendering, a policy must cover its pods and
+    let in exactly the API's pods, on the port its container listens on."""
+    redis = [d for d in kind(rendered, "Deployment") if d["metadata"]["name"].endswith("redis")]
+    if not redis:  # the external-redis overlay: nothing to protect here
+        assert not kind(rendered, "NetworkPolicy")
+        return
+    (cache,) = redis
+    api, _ = app_deployment(rendered)
+    policies = [n for n in kind(rendered, "NetworkPolicy")
+                if selects(n["spec"]["podSelector"]["matchLabels"], pod_labels(cache))]
+    assert len(policies) == 1, "Redis pods need exactly one NetworkPolicy"
+    (policy,) = policies
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    cache_ports = {p["containerPort"] for c in containers(cache) for p in c.get("ports", [])}
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            admitted = peer["podSelector"]["matchLabels"]
+            assert selects(admitted, pod_labels(api)), "the API's pods are not admitted"
+            assert not selects(admitted, pod_labels(cache)), "the policy admits Redis itself"
+        assert {p["port"] for p in rule["ports"]} <= cache_ports
+
+
 def test_app_container_port_probes_and_scrape_annotations(rendered: list[Resource]) -> None:
     deployment, container = app_deployment(rendered)
     port = http_port(container)
