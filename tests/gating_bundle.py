@@ -12,7 +12,6 @@ contract tests feed, goes to f0 at t = 0 and stays with f1 at t = 1).
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +28,10 @@ from service.bundle import (
     GatingStrategy,
     Manifest,
     ModelSpec,
-    Provenance,
     model_id_for,
     write_manifest,
 )
-from training.build import library_versions, staging
+from training.build import provenance, staging
 from training.export import export_classifier, verify_export
 from training.tabular import sensor_extractors, tabular_item
 
@@ -156,11 +154,8 @@ def build_gating_bundle(out_dir: Path, rows: int = 3000, seed: int = 0) -> Gatin
                 GatingStrategy(name="gate-0", points=[p for p in points if p.id == "gate-0"]),
             ],
             default_strategy="gating",
-            provenance=Provenance(
-                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                data_fingerprint="sha256:" + hashlib.sha256(x.tobytes()).hexdigest(),
-                parameters={"rows": rows, "seed": seed},
-                libraries=library_versions(),
+            provenance=provenance(
+                "sha256:" + hashlib.sha256(x.tobytes()).hexdigest(), {"rows": rows, "seed": seed}
             ),
         )
         write_manifest(tmp, manifest)

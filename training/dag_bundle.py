@@ -8,9 +8,6 @@ built-in ``sensor`` extractor serving its columns at a declared cost (``cost_bas
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +25,10 @@ from service.bundle import (
     DagStrategy,
     Manifest,
     ModelSpec,
-    Provenance,
     model_id_for,
     write_manifest,
 )
-from training.build import library_versions, staging
+from training.build import bundle_version, provenance, staging
 from training.dag import DagClassifier, sweep
 from training.executor import INLINE, Executor
 from training.export import export_classifier, onnx_probabilities, verify_export
@@ -122,12 +118,9 @@ def build_dag_bundle(
             points.append({"cost_scale": scale, "validation_cost": val_cost,
                            "validation_error": val_error,
                            "test_cost": float(np.mean(spent)), "test_error": test_error})
-        digest = hashlib.sha256()
-        for path in sorted(tmp.glob("*.onnx")):
-            digest.update(path.read_bytes())
         manifest = Manifest(
             name=spec.name,
-            version=f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}",
+            version=bundle_version(tmp),
             classes=classes,
             cost_unit=spec.unit,
             cost_basis="declared",
@@ -139,10 +132,9 @@ def build_dag_bundle(
                 policies=policies,
             )],
             default_strategy="dag",
-            provenance=Provenance(
-                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                data_fingerprint=data_fingerprint or fingerprint(x, y),
-                parameters={
+            provenance=provenance(
+                data_fingerprint or fingerprint(x, y),
+                {
                     "label": spec.label, "sensors": spec.sensors, "costs": costs,
                     "cost_scales": spec.cost_scales, "n_subsets": spec.n_subsets,
                     "seed": spec.seed,
@@ -150,8 +142,6 @@ def build_dag_bundle(
                              "test": len(y_test)},
                     "operating_points": points,
                 },
-                libraries=library_versions(),
-                host={"platform": platform.platform(), "machine": platform.machine()},
             ),
         )
         write_manifest(tmp, manifest)

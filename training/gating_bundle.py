@@ -8,9 +8,6 @@ costs); budgets and spent costs are in the bundle's unit.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import platform
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,12 +26,11 @@ from service.bundle import (
     GatingStrategy,
     Manifest,
     ModelSpec,
-    Provenance,
     write_manifest,
 )
 from training.adapt import FittedF0
 from training.adapt_gbrt import default_gbrt_f0
-from training.build import library_versions, staging
+from training.build import bundle_version, provenance, staging
 from training.executor import INLINE, Executor
 from training.export import onnx_probabilities
 from training.gating import (
@@ -199,13 +195,10 @@ def build_gating_bundle(
                 low_model=low_id, high_model="f0", mean_cost=point.test_cost,
                 fraction_full=point.test_fraction_full, accuracy=point.test_accuracy,
             ))
-        digest = hashlib.sha256()
-        for path in sorted(tmp.glob("*.onnx")):
-            digest.update(path.read_bytes())
         summary = [_summary(p) for p in points]
         manifest = Manifest(
             name=spec.name,
-            version=f"{_dt.date.today():%Y.%m.%d}-{digest.hexdigest()[:10]}",
+            version=bundle_version(tmp),
             classes=[str(c) for c in classes],
             cost_unit=spec.unit,
             cost_basis="declared",
@@ -215,10 +208,9 @@ def build_gating_bundle(
             strategies=[GatingStrategy(name="gating", points=gate_points,
                                        tolerance=spec.tolerance)],
             default_strategy="gating",
-            provenance=Provenance(
-                created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                data_fingerprint=data_fingerprint or fingerprint(x, y),
-                parameters={
+            provenance=provenance(
+                data_fingerprint or fingerprint(x, y),
+                {
                     "label": spec.label, "sensors": spec.sensors, "costs": sensor_costs,
                     "f0": spec.f0, "methods": spec.methods, "seed": spec.seed,
                     "rows": {"train": len(y_train), "validation": len(y_val),
@@ -226,8 +218,6 @@ def build_gating_bundle(
                     "f0_accuracy": {"validation": f0_val, "test": f0_test},
                     "sweep": summary,
                 },
-                libraries=library_versions(),
-                host={"platform": platform.platform(), "machine": platform.machine()},
             ),
         )
         write_manifest(tmp, manifest)
