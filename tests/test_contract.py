@@ -38,8 +38,9 @@ def _error(r: Any, status: int, kind: str) -> str:
 
 @pytest.mark.parametrize("max_bytes", [0, 1 << 20])
 def test_readyz_reports_an_empty_in_process_cache(digits_bundle_dir: Path, max_bytes: int) -> None:
-    # No cache handed in: the app makes its own, as in production.
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent, cache_max_bytes=max_bytes))
+    # No cache handed in: the app makes its own, as in production (no REDIS_URL: in-process).
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent, cache_max_bytes=max_bytes,
+                              redis_url=None))
     with TestClient(app) as c:
         before = c.get("/readyz").json()
         assert c.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5}).is_success

@@ -22,7 +22,7 @@ from service.api import create_app
 from service.bundle import ItemSpec
 from service.cache import InProcessCache
 from service.errors import InvalidItem
-from service.items import ImageDecoder, make_decoder, png_dimensions
+from service.items import ImageDecoder, grayscale, make_decoder, png_dimensions
 from service.settings import Settings
 from tests.conftest import ROUTER_COLUMNS, digit_image, png_b64
 
@@ -115,6 +115,15 @@ def test_one_bit_png_is_the_thresholded_picture(three: np.ndarray) -> None:
     decoded = ImageDecoder(ItemSpec(), 1 << 22).decode({"png_base64": data}).data
     assert set(np.unique(decoded).tolist()) == {0.0, 1.0}
     assert np.array_equal(decoded > 0.5, three >= 128)
+
+
+@pytest.mark.parametrize("mode", ["CMYK", "F", "YCbCr"])
+def test_modes_no_png_has_are_refused_by_name(mode: str) -> None:
+    # Pillow never opens a PNG in these modes; should a future Pillow do so, the decoder
+    # refuses it with a 422 naming the mode rather than guessing.
+    with pytest.raises(InvalidItem, match=f"Pillow mode '{mode}'") as info:
+        grayscale(Image.new(mode, (8, 8)))
+    assert info.value.details == {"mode": mode}
 
 
 @pytest.fixture(scope="module")
