@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import email.message
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -10,7 +12,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import BackgroundTasks, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,7 +29,7 @@ from service.cache import FeatureCache, make_cache
 from service.handler import PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
-from service.schemas import ErrorResponse, PredictRequest, PredictResponse
+from service.schemas import ErrorResponse, PredictRequest, PredictResponse, Readiness
 from service.settings import Settings
 
 log = logging.getLogger("budgetserve.api")
@@ -43,7 +45,48 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.ModelNotReady: 503,
     errors.ServiceNotReady: 503,
     errors.ExtractionFailed: 422,
+    errors.UnsupportedMediaType: 415,
 }
+
+# Documented in the OpenAPI schema for the routes that return them (every error body is an
+# ErrorResponse, including FastAPI's own validation errors: see _validation_error).
+_ERROR_DOCS = {
+    404: "unknown model or strategy",
+    413: "request body or image too large",
+    415: "request body is not JSON (send Content-Type: application/json)",
+    422: "malformed JSON, a bad or missing field, or an item the model cannot read",
+    503: "the model failed to load, or the service is still starting",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": ErrorResponse, "description": _ERROR_DOCS[s]} for s in statuses}
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for reading a body as JSON: ``application/json`` or ``*/*+json``."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def _unreadable_body(cause: BaseException | None) -> str:
+    """Why a JSON body could not be read, for the cases Python's parser reports by raising
+    something other than a JSON syntax error."""
+    if isinstance(cause, RecursionError):
+        return ("request body nests JSON arrays or objects too deeply for the parser "
+                "(a request needs at most a few levels)")
+    if isinstance(cause, UnicodeDecodeError):
+        return f"request body is not valid UTF-8 JSON: {cause.reason} at byte {cause.start}"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return (f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
+                "digits; send numbers that fit a double")
+    return "request body is not valid UTF-8 JSON that this API can read"
 
 PREDICT_PATH = "/predict"
 
@@ -171,6 +214,11 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.method == "POST" and not _is_json(request.headers.get("content-type")):
+            # FastAPI reads any other body as bytes, which fails validation as "not a dict".
+            media = errors.UnsupportedMediaType(request.headers.get("content-type"))
+            _count(request, media.code)
+            return _error(415, media.code, media.message, **media.details)
         _count(request, "invalid_request")
         problems = []
         for err in exc.errors():
@@ -189,10 +237,11 @@ def create_app(
         if exc.status_code == 400 and request.method == "POST":
             # FastAPI's "error parsing the body": not UTF-8, or JSON it cannot represent.
             _count(request, "invalid_request")
-            return _error(422, "invalid_request",
-                          "request body is not valid UTF-8 JSON that this API can read")
+            return _error(422, "invalid_request", _unreadable_body(exc.__cause__))
         _count(request, "http_error")
-        return _error(exc.status_code, "http_error", str(exc.detail))
+        response = _error(exc.status_code, "http_error", str(exc.detail))
+        response.headers.update(exc.headers or {})  # 405's Allow, for one
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -209,8 +258,7 @@ def create_app(
     @app.post(
         PREDICT_PATH,
         response_model=PredictResponse,
-        responses={404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                   422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses=_errors(404, 413, 415, 422, 503),
     )
     async def predict(
         body: PredictRequest, request: Request, background: BackgroundTasks
@@ -228,15 +276,20 @@ def create_app(
         background.add_task(handler.write_back, writes)
         return response
 
-    @app.get("/models")
+    @app.get("/models", responses=_errors(503))
     async def list_models() -> dict[str, Any]:
+        """Loaded bundles, and the bundle folders that failed to load: ``name`` is the
+        manifest's name when it parsed (else the folder's), ``error`` the reason."""
         reg = _registry()
         return {
             "models": [_summary(b.manifest) for b in reg.bundles.values()],
-            "failed": [{"name": k, "error": v} for k, v in sorted(reg.failed.items())],
+            "failed": [
+                {"name": f.name, "folder": f.folder, "error": f.reason}
+                for f in sorted(reg.failures, key=lambda f: (f.name, f.folder))
+            ],
         }
 
-    @app.get("/models/{name}")
+    @app.get("/models/{name}", responses=_errors(404, 422, 503))
     async def get_model(name: str) -> dict[str, Any]:
         bundle = _registry().get(name)
         m = bundle.manifest
@@ -253,7 +306,7 @@ def create_app(
         detail["provenance"] = m.provenance.model_dump()
         return detail
 
-    @app.get("/models/{name}/costs")
+    @app.get("/models/{name}/costs", responses=_errors(404, 422, 503))
     async def get_costs(name: str) -> dict[str, Any]:
         """Profiled vs live-calibrated cost curve of every extractor."""
         bundle = _registry().get(name)
@@ -266,7 +319,7 @@ def create_app(
             **bundle.calibrator.snapshot(sizes),
         }
 
-    @app.get("/models/{name}/skyline")
+    @app.get("/models/{name}/skyline", responses=_errors(404, 422, 503))
     async def get_skyline(
         name: str,
         size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
@@ -294,22 +347,34 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        responses={503: {"model": Readiness, "description": "no bundle loaded (yet)"}},
+    )
     async def readyz() -> JSONResponse:
         reg: Registry | None = state.get("registry")
+        # ``is not None``, never truthiness: an empty in-process cache has len() 0.
         feature_cache: FeatureCache | None = state.get("cache")
-        cache_ok = bool(feature_cache and await feature_cache.ping())
+        cache_ok = feature_cache is not None and await feature_cache.ping()
         body = {
             "ready": bool(state["ready"]),
-            "models": sorted(reg.bundles) if reg else [],
-            "failed": sorted(reg.failed) if reg else [],
-            "cache": {"backend": feature_cache.backend if feature_cache else None,
+            "models": sorted(reg.bundles) if reg is not None else [],
+            "failed": sorted({f.name for f in reg.failures}) if reg is not None else [],
+            "cache": {"backend": feature_cache.backend if feature_cache is not None else None,
                       "reachable": cache_ok},
         }
         # A down cache does not make the service unready: requests succeed uncached.
         return JSONResponse(body, status_code=200 if state["ready"] else 503)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {
+            "description": "Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }},
+    )
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -12,15 +12,47 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from service.types import horner
 
 FORMAT_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
+
+
+def bundle_relative(value: str) -> str:
+    """A file a manifest names: a relative path with '/' separators that stays inside the
+    bundle folder (no absolute path, drive, '..' segment or backslash). Symlinks that
+    escape the folder are refused when the bundle loads (``service.inference``)."""
+    problem = None
+    if not value or "\x00" in value:
+        problem = "it is empty or holds a NUL character"
+    elif "\\" in value:
+        problem = "it holds a backslash; use '/' as the separator"
+    elif PurePosixPath(value).is_absolute() or PureWindowsPath(value).drive:
+        problem = "it is absolute"
+    elif ".." in PurePosixPath(value).parts:
+        problem = "it has a '..' segment"
+    if problem is not None:
+        raise ValueError(
+            f"must be a path relative to the bundle folder and inside it; {value!r} is not: "
+            f"{problem}"
+        )
+    return value
+
+
+#: A file inside the bundle folder (see :func:`bundle_relative`).
+BundleFile = Annotated[str, AfterValidator(bundle_relative)]
 
 
 class _Strict(BaseModel):
@@ -80,7 +112,9 @@ class ModelSpec(_Strict):
     id: str
     features: list[str]
     accuracy: float = Field(ge=0.0, le=1.0, description="held-out accuracy estimate")
-    file: str | None = Field(default=None, description="ONNX file, relative to the bundle")
+    file: BundleFile | None = Field(
+        default=None, description="ONNX file, relative to the bundle folder and inside it"
+    )
     prior: list[float] | None = Field(
         default=None, description="class probabilities of the feature-less model (no file)"
     )
@@ -218,8 +252,9 @@ class DagPolicy(_Strict):
     cost_scale: float = Field(ge=0)
     mean_cost: float = Field(ge=0, description="average acquired cost on held-out data")
     error: float = Field(ge=0, le=1, description="error rate on held-out data")
-    file: str = Field(
-        description="ONNX model: input 'features' (1 x sum of the inputs' dims: the acquired "
+    file: BundleFile = Field(
+        description="ONNX model (relative to the bundle folder, inside it): input 'features' "
+        "(1 x sum of the inputs' dims: the acquired "
         "extractors' values in `inputs` order, zeros elsewhere) -> output 'logits' (1 x nodes)"
     )
     states: list[DagState] = Field(min_length=1)
@@ -283,9 +318,10 @@ class GatePoint(_Strict):
     method: str = Field(description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser")
     p_full: float = Field(ge=0, le=1, description="the training bound on the fraction sent to f0")
     regularisation: float = Field(ge=0, description="the cost weight (gamma or lambda)")
-    gate_file: str | None = Field(
+    gate_file: BundleFile | None = Field(
         default=None,
-        description="ONNX gate: one input (1 x sum of gate_features' dims, their values "
+        description="ONNX gate (relative to the bundle folder, inside it): one input "
+        "(1 x sum of gate_features' dims, their values "
         "concatenated in order) -> one output of shape (1, 1), the gate score; a score above "
         "``threshold`` sends the item to f0. None: the gate never does (f1 answers everything)",
     )

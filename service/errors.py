@@ -64,6 +64,18 @@ class PayloadTooLarge(BudgetServeError):
         super().__init__(f"request body exceeds {limit} bytes", limit=limit)
 
 
+class UnsupportedMediaType(BudgetServeError):
+    code = "unsupported_media_type"
+
+    def __init__(self, content_type: str | None) -> None:
+        given = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        super().__init__(
+            f"the request body must be JSON sent with Content-Type: application/json; "
+            f"got {given}",
+            content_type=content_type,
+        )
+
+
 class ModelNotFound(BudgetServeError):
     code = "model_not_found"
 
@@ -95,4 +107,11 @@ class ModelNotReady(BudgetServeError):
 
 
 class BundleError(Exception):
-    """A bundle on disk cannot be loaded (raised at load time, never to a client)."""
+    """A bundle on disk cannot be loaded (raised at load time, never to a client).
+
+    ``bundle`` is the name its manifest gives, once the manifest parsed: the registry
+    reports the failure under that name too, so requests for it get 503, not 404."""
+
+    def __init__(self, message: str, *, bundle: str | None = None) -> None:
+        super().__init__(message)
+        self.bundle = bundle

@@ -8,27 +8,50 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import Manifest, ModelSpec
+from service.bundle import Manifest, ModelSpec, bundle_relative
 from service.errors import BundleError
 from service.types import FloatVector
 
 
-def open_onnx(bundle_dir: Path, file: str, what: str) -> ort.InferenceSession:
-    """An ONNX Runtime session on ``bundle_dir / file`` (one thread: requests run in
-    parallel, not their models); ``BundleError`` naming ``what`` if the file is missing or
-    does not load."""
-    path = bundle_dir / file
-    if not path.is_file():
+def bundle_file(bundle_dir: Path, file: str, what: str) -> Path:
+    """``bundle_dir / file`` once it is known to be a regular file inside the bundle folder
+    (symlinks followed): ``BundleError`` naming ``what`` otherwise. Nothing is opened."""
+    try:
+        bundle_relative(file)
+    except ValueError as exc:
+        raise BundleError(f"{what}: {exc}") from None
+    root = bundle_dir.resolve()
+    path = (bundle_dir / file).resolve()
+    if not path.is_relative_to(root):
+        raise BundleError(
+            f"{what}: {file!r} resolves outside the bundle folder (a symlink leaving it?)"
+        )
+    if not path.exists():
         raise BundleError(f"{what}: ONNX file {file!r} is missing")
+    if not path.is_file():
+        raise BundleError(f"{what}: {file!r} is not a regular file")
+    return path
+
+
+def open_onnx(
+    bundle_dir: Path, file: str, what: str, field: str = "file"
+) -> ort.InferenceSession:
+    """An ONNX Runtime session on ``bundle_dir / file`` (one thread: requests run in
+    parallel, not their models); ``BundleError`` naming ``what`` and the manifest's
+    ``field`` if the file is outside the bundle folder, missing or does not load.
+
+    The file's bytes are read here and handed to ONNX Runtime, so nothing but that file
+    is opened (an ONNX model pointing at external data elsewhere does not load)."""
+    path = bundle_file(bundle_dir, file, f"{what}: {field}")
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     try:
         return ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            path.read_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise BundleError(f"{what}: cannot load {file!r}: {exc}") from exc
+        raise BundleError(f"{what}: cannot load {field} {file!r}: {exc}") from exc
 
 
 class LoadedModel:

@@ -8,6 +8,8 @@ fails any of these is kept out of service and reported with the reason.
 from __future__ import annotations
 
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,10 +57,29 @@ class Bundle:
         return runtime
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A bundle folder that did not load: ``name`` is its manifest's name when the manifest
+    parsed (else the folder's), ``reason`` is fit for clients (no server paths)."""
+
+    folder: str
+    name: str
+    reason: str
+
+
 @dataclass
 class Registry:
     bundles: dict[str, Bundle] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # name -> reason (for 503s)
+    failures: list[Failure] = field(default_factory=list)
+
+    def fail(self, failure: Failure) -> None:
+        """Record ``failure``; requests for its folder name or manifest name get 503 (unless
+        another folder serves that name)."""
+        self.failures.append(failure)
+        for key in dict.fromkeys((failure.name, failure.folder)):
+            if key not in self.bundles:
+                self.failed.setdefault(key, failure.reason)
 
     def get(self, name: str) -> Bundle:
         bundle = self.bundles.get(name)
@@ -70,10 +91,15 @@ class Registry:
 
 
 def find_bundles(models_dir: Path) -> list[Path]:
-    """Folders of ``models_dir`` holding a manifest, sorted by name."""
+    """Folders of ``models_dir`` holding a ``manifest.json`` entry, sorted by name: a file,
+    or anything else by that name (a directory, a dangling link), which then fails to load
+    with a reason instead of being skipped silently."""
     if not models_dir.is_dir():
         return []
-    return sorted(p for p in models_dir.iterdir() if (p / MANIFEST_FILE).is_file())
+    return sorted(
+        p for p in models_dir.iterdir()
+        if p.is_dir() and os.path.lexists(p / MANIFEST_FILE)
+    )
 
 
 @dataclass(frozen=True)
@@ -88,12 +114,47 @@ def load_bundle(
     path: Path, max_pixels: int, calibration: CalibrationSettings | None = None
 ) -> Bundle:
     calibration = calibration or CalibrationSettings()
+    manifest = _read_manifest(path)
     try:
-        manifest = read_manifest(path)
+        return _load(path, manifest, max_pixels, calibration)
+    except BundleError as exc:
+        exc.bundle = manifest.name
+        raise
+    except Exception as exc:  # a plugin or ONNX Runtime failing in its own way
+        raise BundleError(
+            f"bundle {manifest.name!r}: {type(exc).__name__}: {exc}", bundle=manifest.name
+        ) from exc
+
+
+def _read_manifest(path: Path) -> Manifest:
+    """The bundle's manifest, with errors that name the problem and not the server's paths
+    or the manifest's raw bytes."""
+    entry = path / MANIFEST_FILE
+    if not entry.resolve().is_relative_to(path.resolve()):
+        raise BundleError(f"{MANIFEST_FILE} is a link leading outside the bundle folder")
+    if entry.is_dir():
+        raise BundleError(f"{MANIFEST_FILE} is a directory, not a file")
+    if not entry.is_file():
+        raise BundleError(f"{MANIFEST_FILE} is not a regular file (a dangling link?)")
+    try:
+        return read_manifest(path)
     except ValidationError as exc:
-        raise BundleError(f"{path / MANIFEST_FILE} is not a valid manifest: {exc}") from exc
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
+        problems = exc.errors(include_url=False, include_input=False)
+        shown = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in problems[:5]
+        )
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise BundleError(f"{MANIFEST_FILE} is not a valid manifest: {shown}{more}") from exc
+    except OSError as exc:
+        raise BundleError(f"cannot read {MANIFEST_FILE}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # not UTF-8
+        raise BundleError(f"cannot read {MANIFEST_FILE}: {type(exc).__name__}") from exc
+
+
+def _load(
+    path: Path, manifest: Manifest, max_pixels: int, calibration: CalibrationSettings
+) -> Bundle:
     broken: dict[str, str] = {}
     installed = available_extractors(broken)
     extractors: dict[str, Extractor] = {}
@@ -169,6 +230,18 @@ def _warm_up(
         model.predict_proba(features)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/(?:[^\s'\"/:]+/)+([^\s'\":/]*)")
+
+
+def public_reason(reason: str, folder: Path, models_dir: Path) -> str:
+    """``reason`` without server paths: the bundle folder becomes its name, any other
+    absolute path its last component."""
+    for root, name in ((folder, folder.name), (models_dir, models_dir.name)):
+        for variant in dict.fromkeys((str(root.resolve()), str(root.absolute()))):
+            reason = reason.replace(variant, name)
+    return _ABSOLUTE_PATH.sub(lambda m: f"…/{m.group(1)}", reason)
+
+
 def load_registry(
     models_dir: Path, max_pixels: int, calibration: CalibrationSettings | None = None
 ) -> Registry:
@@ -176,17 +249,24 @@ def load_registry(
     for path in find_bundles(models_dir):
         try:
             bundle = load_bundle(path, max_pixels, calibration)
-        except BundleError as exc:
-            log.error("bundle %s not loaded: %s", path.name, exc)
-            registry.failed[path.name] = str(exc)
-            continue
         except Exception as exc:  # a bundle must never take the others down with it
-            log.exception("bundle %s not loaded", path.name)
-            registry.failed[path.name] = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, BundleError):
+                log.error("bundle folder %s not loaded: %s", path, exc)
+                reason = str(exc)
+            else:
+                log.exception("bundle folder %s not loaded", path)
+                reason = f"{type(exc).__name__}: {exc}"
+            name = getattr(exc, "bundle", None) or path.name
+            registry.fail(Failure(path.name, name, public_reason(reason, path, models_dir)))
             continue
         if bundle.name in registry.bundles:
-            registry.failed[path.name] = f"duplicate bundle name {bundle.name!r}"
+            first = registry.bundles[bundle.name].path.name
+            registry.fail(Failure(
+                path.name, path.name,
+                f"duplicate bundle name {bundle.name!r}: folder {first!r} already serves it",
+            ))
             continue
         registry.bundles[bundle.name] = bundle
+        registry.failed.pop(bundle.name, None)
         log.info("bundle %s loaded (%d models)", bundle.name, len(bundle.models))
     return registry

@@ -39,7 +39,7 @@ from service.extractors.base import (
     available_extractors,
     create_extractor,
 )
-from service.items import make_decoder
+from service.items import content_key, make_decoder
 from service.registry import CalibrationSettings, load_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,10 +295,15 @@ def test_plugin_doc_snippets_run(doc_plugin: DocPlugin) -> None:
 
 def test_documented_cache_keys_and_extractor_specs() -> None:
     text = PLUGINS.read_text()
+    png = "<png>"  # the BLAKE2b-256 of a PNG's bytes, as the table writes it
+    scan = content_key("png1", b"", "scan-42").split(":id:")[1]
+    vitals = make_decoder(ItemSpec(kind="tabular", columns=["pressure", "bmi", "skin"]), 1)
+    patient = vitals.decode(
+        {"id": "patient-17", "values": {"pressure": 72, "bmi": 31.2, "skin": 20}}).key
     examples: list[tuple[str, str, dict[str, Any]]] = [
-        ("id:scan-42:128x128", "edge_density", {}),
-        ("id:scan-42:128x128", "edge_density", {"grid": 8}),
-        ("id:patient-17", "vitals", {"columns": ["pressure", "bmi", "skin"]}),
+        (f"png1:{png}", "edge_density", {}),
+        (f"png1:{png}:id:{scan}", "edge_density", {"grid": 8}),
+        (patient, "vitals", {"columns": ["pressure", "bmi", "skin"]}),
     ]
     for item_key, name, params in examples:
         key = feature_key(item_key, extractor_tag(name, "1", params))

@@ -34,19 +34,21 @@ def test_sensor_names_a_missing_column() -> None:
         Sensor(columns=["z"]).extract({"a": 1.0})
 
 
-def test_tabular_decoder_accepts_values_and_keys_by_id_or_content() -> None:
+def test_tabular_decoder_accepts_values_and_keys_by_content_and_id() -> None:
     decoder = make_decoder(SPEC, 1)
-    item = decoder.decode({"values": {"a": 1, "b": 2.5, "c": -3, "extra": 9}})
+    item = decoder.decode({"values": {"a": 1, "b": 2.5, "c": -3}})
     assert item.size == 1 and item.data == {"a": 1.0, "b": 2.5, "c": -3.0}
     same = decoder.decode({"values": {"c": -3, "b": 2.5, "a": 1}})
-    assert item.key == same.key and item.key.startswith("h:")
-    assert decoder.decode({"id": "row-7", "values": {"a": 1, "b": 2, "c": 3}}).key == "id:row-7"
+    assert item.key == same.key and item.key.startswith("tab1:")
+    with_id = decoder.decode({"id": "row-7", "values": {"a": 1, "b": 2.5, "c": -3}}).key
+    assert with_id.startswith(item.key + ":id:") and "row-7" not in with_id
 
 
 @pytest.mark.parametrize(
     ("item", "mentions"),
     [
         ({"values": {"a": 1, "b": 2}}, "c"),
+        ({"values": {"a": 1, "b": 2, "c": 3, "extra": 9}}, "does not read: 'extra'"),
         ({"values": {"a": 1, "b": 2, "c": float("nan")}}, "non-finite"),
         ({"values": {"a": 1, "b": 2, "c": "x"}}, "values.c"),
         ({"values": {"a": 1, "b": 2, "c": "1.5"}}, "values.c"),

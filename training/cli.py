@@ -312,7 +312,8 @@ def sample(
     index: Annotated[int, typer.Option(min=0, max=1796, help="which scikit-learn digit")] = 0,
     budget: Annotated[float, typer.Option(min=0.001, help="budget in ms (> 0)")] = 5.0,
     model: Annotated[str, typer.Option()] = "digits",
-    item_id: Annotated[str | None, typer.Option("--id", help="cache identity")] = None,
+    item_id: Annotated[str | None, typer.Option(
+        "--id", help="item id: folded into the content cache key (keeps items apart)")] = None,
 ) -> None:
     """Print a POST /predict body for one rendered digit (for curl and the README tour)."""
     import base64

@@ -72,7 +72,7 @@ class _Point:
     def _load_gate(self, file: str, runtime: GatingRuntime, what: str) -> None:
         if runtime.bundle_dir is None:
             raise BundleError(f"{what}: a gate needs its bundle folder to load from")
-        session = open_onnx(runtime.bundle_dir, file, f"{what}: gate")
+        session = open_onnx(runtime.bundle_dir, file, f"{what}: gate", field="gate_file")
         inputs, outputs = session.get_inputs(), session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise BundleError(
