@@ -111,3 +111,43 @@ def test_validation_messages() -> None:
         build_index([0.5], np.zeros((1, 2)), (5.0, 5.0))
     with pytest.raises(ValueError, match="at least one"):
         build_index([], np.zeros((0, 2)), DOMAIN)
+
+
+def _search(costs: FloatArray, skyline: list[int], n: float, budget: float) -> int | None:
+    """Binary search of ``skyline`` at n over every curve, by plain Horner (the reference:
+    the lookup before it learned to bracket)."""
+
+    def cost(p: int) -> float:
+        total = 0.0
+        for c in reversed(costs[p].tolist()):
+            total = total * n + c
+        return total
+
+    lo, hi = 0, len(skyline)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cost(skyline[mid]) <= budget:
+            lo = mid + 1
+        else:
+            hi = mid
+    return skyline[lo - 1] if lo else None
+
+
+@pytest.mark.parametrize(("degree", "shift"), [(2, 0.0), (3, 0.0), (5, 0.0), (2, -0.3)])
+def test_bracketed_lookup_equals_a_full_search_at_the_edges(degree: int, shift: float) -> None:
+    """The lookup skips the curves that the range's ends show fit (or do not); at the
+    range ends themselves, at budgets equal to a curve's exact cost, past the domain and
+    with a negative coefficient (no bracket then) it answers as searching every curve does."""
+    rng = np.random.default_rng(7 + degree)
+    acc, costs = _random_candidates(40, degree, 11 * degree)
+    costs = costs + shift * np.eye(costs.shape[0], costs.shape[1])  # shift < 0: non-monotone
+    idx = build_index(acc, costs, DOMAIN)
+    assert idx.compiled is not None and idx.n_ranges > 1
+    compiled = idx.compiled
+    sizes = [*idx.breakpoints, DOMAIN[1], DOMAIN[1] * 1.5, *rng.uniform(*DOMAIN, 20).tolist()]
+    for n in sizes:
+        sky = compiled.skyline_at(n)
+        exact = [float(costs[p] @ (n ** np.arange(costs.shape[1]))) for p in sky]
+        budgets = [*exact, *(float(np.nextafter(e, -np.inf)) for e in exact), -1.0, 1e12]
+        for budget in budgets:
+            assert compiled.lookup(n, budget) == _search(costs, sky, n, budget), (n, budget)

@@ -225,3 +225,59 @@ def test_closure_pass_completes_any_partial_traversal() -> None:
         view = exp.reshape(-1, 2, 1 << j)
         np.maximum(view[:, 1, :], view[:, 0, :], out=view[:, 1, :])
     assert np.all(w.table <= exp + 0.01 + 1e-12)
+
+
+GRID_EPSILONS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)
+
+
+def _epsilon_sweep(m: int, gamma: float, seed: int) -> None:
+    """Property 3.9 as counts: at every larger ε the fitted model expands no more sets,
+    and every index answer stays within ε of brute force over all 2^m sets."""
+    w = make_workload(m, gamma, seed=1000 * seed + m)
+    counts: list[int] = []
+    for epsilon in GRID_EPSILONS:
+        evaluate, calls = _table_evaluate(w.table)
+        model = PolyDom(epsilon=epsilon).fit(evaluate, w.costs, SIZE_DOMAIN)
+        assert len(calls) == len(set(calls)) == model.stats_.expansions
+        counts.append(model.stats_.expansions)
+        _assert_oracle(model, w.table, w.costs, seed, queries=300)
+    assert counts == sorted(counts, reverse=True), (
+        f"expansions {counts} at epsilon {GRID_EPSILONS} (m={m}, gamma={gamma}, seed={seed})"
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("m", [8, 9, 10, 11, 12])
+def test_expansions_non_increasing_in_epsilon(m: int, gamma: float, seed: int) -> None:
+    _epsilon_sweep(m, gamma, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize("gamma", [0.0, 1.0])
+@pytest.mark.parametrize("m", [13, 14])
+def test_expansions_non_increasing_in_epsilon_large(m: int, gamma: float, seed: int) -> None:
+    _epsilon_sweep(m, gamma, seed)
+
+
+def test_larger_epsilon_expands_a_subset_when_accuracies_are_distinct() -> None:
+    """With γ = 1 every feature adds accuracy (no ties), and the sets expanded at a larger ε
+    are a subset of those at a smaller one (the paper's Property 3.9 as stated). With ties
+    (γ = 0, a set's accuracy is its best feature's) only the counts are monotone."""
+    for m, seed in ((9, 0), (10, 1), (11, 2)):
+        w = make_workload(m, 1.0, seed=1000 * seed + m)
+        expanded = [set(expand_polydom(m, w.evaluate, e / 2).accuracies) for e in GRID_EPSILONS]
+        for larger, smaller in zip(expanded[1:], expanded[:-1], strict=True):
+            assert larger <= smaller
+
+
+def test_ties_are_crossed_in_one_round() -> None:
+    """γ = 0: a(F) is F's best feature's accuracy. The sets "all but the k best features"
+    bound everything below them; reaching them through exact ties keeps the search near
+    2m + 1 expansions (paper: ~30-50 at m = 10), far below 2^m / 10."""
+    for seed in range(3):
+        w = make_workload(10, 0.0, seed=seed)
+        for epsilon in (0.0, 0.005, 0.01):
+            res = expand_polydom(10, w.evaluate, epsilon)
+            assert res.expansions <= (1 << 10) // 10, (seed, epsilon, res.expansions)

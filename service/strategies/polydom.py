@@ -119,6 +119,7 @@ class PolyDomRuntime(StrategyRuntime):
             np.stack(
                 [self.costs.set_coefficients(self.model_features[c]) for c in self.candidates]
             ),
+            upper=self.size_domain[1],
         )
         # Models by falling accuracy, as feature bitmasks: best_computable in one early-exit scan.
         bit = {name: 1 << i for i, name in enumerate(self.costs.names)}

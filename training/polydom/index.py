@@ -64,9 +64,10 @@ class PolyDomIndex:
     def n_ranges(self) -> int:
         return len(self.breakpoints)
 
-    def compile(self, costs: FloatArray) -> CompiledIndex:
-        """A :class:`CompiledIndex` over the candidates' (K x D) cost coefficients."""
-        return CompiledIndex(self.breakpoints, self.skylines, costs)
+    def compile(self, costs: FloatArray, upper: float | None = None) -> CompiledIndex:
+        """A :class:`CompiledIndex` over the candidates' (K x D) cost coefficients, ``upper``
+        the end of the size domain."""
+        return CompiledIndex(self.breakpoints, self.skylines, costs, upper)
 
 
 def skyline_at(accuracies: FloatArray, costs: FloatArray, n: float) -> list[int]:
@@ -243,7 +244,7 @@ def build_index(
             continue
         merged_b.append(bp)
         merged_s.append(sk)
-    compiled = CompiledIndex(merged_b, merged_s, coef)
+    compiled = CompiledIndex(merged_b, merged_s, coef, hi)
     return PolyDomIndex(merged_b, merged_s, visited, interesting, compiled)
 
 
@@ -294,7 +295,7 @@ def index_all(
         skyline_at(acc, coef, 0.5 * (start + end))
         for start, end in zip(breakpoints, ends, strict=True)
     ]
-    compiled = CompiledIndex(breakpoints, skylines, coef)
+    compiled = CompiledIndex(breakpoints, skylines, coef, hi)
     return PolyDomIndex(breakpoints, skylines, len(breakpoints), len(breakpoints), compiled)
 
 
