@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import anyio
 import numpy as np
 from fastapi import BackgroundTasks, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +26,7 @@ from service.bundle import (
     PolyDomStrategy,
 )
 from service.cache import FeatureCache, make_cache
-from service.handler import PredictHandler
+from service.handler import Limits, PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import ErrorResponse, PredictRequest, PredictResponse
@@ -42,26 +44,47 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.StrategyNotFound: 404,
     errors.ModelNotReady: 503,
     errors.ServiceNotReady: 503,
+    errors.Overloaded: 503,
+    errors.BodyTimeout: 408,
     errors.ExtractionFailed: 422,
 }
 
 PREDICT_PATH = "/predict"
 
 
-def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:
+def _status(exc: errors.BudgetServeError) -> int:
+    return next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **details: Any
+) -> JSONResponse:
     body = ErrorResponse.model_validate(
         {"error": {"type": code, "message": message, "details": details}}
     )
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _headers(exc: errors.BudgetServeError) -> dict[str, str] | None:
+    if isinstance(exc, errors.Overloaded):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, errors.BodyTimeout):
+        return {"Connection": "close"}
+    return None
 
 
 class BodyLimit:
-    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed."""
+    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed,
+    and bodies that have not arrived in full ``timeout_s`` after the headers with 408 (the
+    connection is then closed)."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, metrics: Metrics, timeout_s: float = math.inf
+    ) -> None:
         self.app = app
         self.limit = limit
         self.metrics = metrics
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,21 +92,27 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
             return
         # Read the body here (at most ``limit`` bytes), then replay it to the app: a body
         # streamed without Content-Length is cut off as soon as it passes the limit.
         chunks: list[bytes] = []
         seen = 0
+        deadline = anyio.current_time() + self.timeout_s
         while True:
-            message = await receive()
+            message: Message | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                message = await receive()
+            if message is None:
+                await self._reject(scope, receive, send, errors.BodyTimeout(self.timeout_s))
+                return
             if message["type"] != "http.request":
                 await self.app(scope, receive, send)  # disconnect: let the app see it
                 return
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                await self._reject(scope, receive, send)
+                await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -100,11 +129,12 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exc = errors.PayloadTooLarge(self.limit)
+    async def _reject(
+        self, scope: Scope, receive: Receive, send: Send, exc: errors.BudgetServeError
+    ) -> None:
         if scope.get("path") == PREDICT_PATH:
             self.metrics.requests.labels(model=UNKNOWN_MODEL, status=exc.code).inc()
-        response = _error(413, exc.code, exc.message, **exc.details)
+        response = _error(_status(exc), exc.code, exc.message, _headers(exc), **exc.details)
         await response(scope, receive, send)
 
 
@@ -139,6 +169,8 @@ def create_app(
             ttl_s=settings.cache_ttl_s,
             timeout_ms=settings.redis_timeout_ms,
             retry_s=settings.redis_retry_s,
+            failures=settings.redis_failures,
+            on_trip=metrics.circuit_trips.inc,
         )
         metrics.models_loaded.set(len(reg.bundles))
         state["registry"] = reg
@@ -146,6 +178,11 @@ def create_app(
         state["handler"] = PredictHandler(
             reg, feature_cache, metrics, settings.overhead_reserve_ms,
             threads=settings.extraction_threads,
+            limits=Limits(
+                max_budget_ms=settings.max_budget_ms,
+                max_queued=settings.max_queued,
+                max_queued_bytes=settings.max_queued_bytes,
+            ),
         )
         state["ready"] = bool(reg.bundles)
         try:
@@ -166,8 +203,7 @@ def create_app(
     @app.exception_handler(errors.BudgetServeError)
     async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
         _count(request, exc.code)
-        status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
-        return _error(status, exc.code, exc.message, **exc.details)
+        return _error(_status(exc), exc.code, exc.message, _headers(exc), **exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -313,7 +349,10 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes, metrics=metrics,
+        timeout_s=settings.body_timeout_s,
+    )
     return app
 
 
