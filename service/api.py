@@ -171,6 +171,7 @@ def create_app(
             retry_s=settings.redis_retry_s,
             failures=settings.redis_failures,
             on_trip=metrics.circuit_trips.inc,
+            on_failure=metrics.cache_failure,
         )
         metrics.models_loaded.set(len(reg.bundles))
         state["registry"] = reg

@@ -195,8 +195,10 @@ class RedisCache:
         retry_s: float = 5.0,
         failures: int = 3,
         on_trip: Callable[[], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.timeout_s = timeout_ms / 1000.0
+        self.on_failure = on_failure
         self.ttl_s = ttl_s
         self.breaker = CircuitBreaker(failures, retry_s, on_trip)
         self._running: set[asyncio.Task[Any]] = set()
@@ -207,21 +209,24 @@ class RedisCache:
             retry_on_timeout=False,
         )
 
-    async def _judged(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis call to its end (or ``timeout_s``) and tell the breaker how it went."""
+    async def _judged(self, call: Callable[[], Awaitable[T]], kind: str) -> T:
+        """Run one Redis call to its end (or ``timeout_s``) and tell the breaker how it went;
+        a failure is also reported to ``on_failure(kind)``, whether or not anyone waits."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await call()
         except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
+            if self.on_failure is not None:
+                self.on_failure(kind)
             raise CacheUnavailable(f"{type(exc).__name__}: {exc}") from exc
         self.breaker.success()
         return result
 
-    def _start(self, call: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+    def _start(self, call: Callable[[], Awaitable[T]], kind: str) -> asyncio.Task[T]:
         if not self.breaker.allow():
             raise CacheBypassed("redis failed recently; bypassed until its retry window ends")
-        task = asyncio.ensure_future(self._judged(call))
+        task = asyncio.ensure_future(self._judged(call, kind))
         self._running.add(task)
         task.add_done_callback(self._finished)
         return task
@@ -243,7 +248,7 @@ class RedisCache:
                 f"a read limit of {timeout_s * 1e3:.3f} ms is too small to try", skipped=True
             )
         started = time.perf_counter()
-        task = self._start(lambda: self._client.mget(list(keys)))
+        task = self._start(lambda: self._client.mget(list(keys)), "read")
         if timeout_s is None or timeout_s >= self.timeout_s:
             values = await asyncio.shield(task)
         else:
@@ -264,7 +269,7 @@ class RedisCache:
                     pipe.set(key, value, ex=self.ttl_s)
                 await pipe.execute()
 
-        await asyncio.shield(self._start(write))
+        await asyncio.shield(self._start(write, "write"))
 
     async def ping(self) -> bool:
         try:
@@ -288,10 +293,11 @@ def make_cache(
     retry_s: float = 5.0,
     failures: int = 3,
     on_trip: Callable[[], None] | None = None,
+    on_failure: Callable[[str], None] | None = None,
 ) -> FeatureCache:
     if redis_url:
         return RedisCache(
             redis_url, ttl_s=ttl_s, timeout_ms=timeout_ms, retry_s=retry_s,
-            failures=failures, on_trip=on_trip,
+            failures=failures, on_trip=on_trip, on_failure=on_failure,
         )
     return InProcessCache(max_bytes)

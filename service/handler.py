@@ -214,8 +214,7 @@ class PredictHandler:
             await self.cache.put_many(writes)
         except CacheBypassed:
             self.metrics.cache.labels(result="bypass").inc()
-        except CacheUnavailable as exc:
-            self.metrics.cache.labels(result="write_error").inc()
+        except CacheUnavailable as exc:  # counted by the cache as it failed
             log.warning("feature cache write failed: %s", exc)
 
     async def _read_cache(
@@ -239,8 +238,7 @@ class PredictHandler:
             # The request's own share of its budget ran out: not a cache failure.
             self.metrics.cache.labels(result="skipped" if exc.skipped else "deadline").inc()
             return {}
-        except CacheUnavailable as exc:
-            self.metrics.cache.labels(result="error").inc()
+        except CacheUnavailable as exc:  # counted by the cache as it failed
             log.warning("feature cache read failed, going on uncached: %s", exc)
             return {}
         found: dict[str, FloatVector] = {}

@@ -83,6 +83,10 @@ class Metrics:
         for result in ("queue_full", "queue_bytes", "answered_unqueued", "wait_expired"):
             self.admission.labels(result=result)
 
+    def cache_failure(self, kind: str) -> None:
+        """A Redis call failed (error, or no answer within the Redis timeout)."""
+        self.cache.labels(result="write_error" if kind == "write" else "error").inc()
+
     def exposition(self) -> bytes:
         """The text exposition: this process's metrics, or, when several workers run with
         ``PROMETHEUS_MULTIPROC_DIR`` set, every worker's aggregated."""
