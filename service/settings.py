@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     )
     cache_ttl_s: int = Field(default=3600, ge=1, description="expiry of features stored in Redis")
     max_body_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's head (request line and headers) must arrive in full within "
+        "this many seconds of the connection opening or the previous response; otherwise the "
+        "connection is closed (budgetserve-serve)",
+    )
     body_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.api import create_app
+from service.server import HeadTimeoutH11Protocol, header_timeout_s
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, free_port, png_b64
 from tests.serving import metric, post_json, uvicorn_thread
@@ -67,6 +68,43 @@ def test_a_stalled_body_gets_408_and_its_connection_closed(digits_bundle_dir: Pa
         error = json.loads(payload)["error"]
         assert error["type"] == "body_timeout" and "BUDGETSERVE_BODY_TIMEOUT_S" in error["message"]
     assert metric(metrics, 'budgetserve_requests_total{model="_unknown",status="body_timeout"}') == 20
+
+
+def test_a_stalled_request_head_closes_the_connection(
+    digits_bundle_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half a request head, on a new connection or on a kept-alive one after a response, is
+    closed after BUDGETSERVE_HEADER_TIMEOUT_S (uvicorn's keep-alive timer stops at the first
+    byte, so it was held for ever)."""
+    monkeypatch.setenv("BUDGETSERVE_HEADER_TIMEOUT_S", "1")
+    header_timeout_s.cache_clear()
+    try:
+        app = create_app(Settings(models_dir=digits_bundle_dir.parent))
+        with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
+            fresh = [socket.create_connection(("127.0.0.1", port), timeout=15)
+                     for _ in range(10)]
+            for conn in fresh:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+            reused = socket.create_connection(("127.0.0.1", port), timeout=15)
+            reused.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            first = reused.recv(65536)
+            reused.sendall(b"GET /healthz HTTP/1.1\r\n")
+            started = time.monotonic()
+            leftovers = [read_until_closed(c) for c in [*fresh, reused]]
+            waited = time.monotonic() - started
+            for conn in [*fresh, reused]:
+                conn.close()
+            # A head that arrives within the time-out, in pieces, is served.
+            with socket.create_connection(("127.0.0.1", port), timeout=15) as slow:
+                for piece in (b"GET /heal", b"thz HTTP/1.1\r\nHost: t\r\n", b"\r\n"):
+                    slow.sendall(piece)
+                    time.sleep(0.2)
+                assert slow.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        header_timeout_s.cache_clear()
+    assert first.startswith(b"HTTP/1.1 200")
+    assert leftovers == [b""] * 11
+    assert waited < 10, f"half-sent heads were held {waited:.1f} s"
 
 
 def post_json_metrics(port: int) -> str:
