@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import email.message
 import logging
+import math
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import anyio
 import numpy as np
 from fastapi import BackgroundTasks, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,7 +28,7 @@ from service.bundle import (
     PolyDomStrategy,
 )
 from service.cache import FeatureCache, make_cache
-from service.handler import PredictHandler
+from service.handler import Limits, PredictHandler
 from service.metrics import UNKNOWN_MODEL, Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import ErrorResponse, PredictRequest, PredictResponse, Readiness
@@ -44,6 +46,8 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.StrategyNotFound: 404,
     errors.ModelNotReady: 503,
     errors.ServiceNotReady: 503,
+    errors.Overloaded: 503,
+    errors.BodyTimeout: 408,
     errors.ExtractionFailed: 422,
     errors.UnsupportedMediaType: 415,
 }
@@ -52,10 +56,14 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
 # ErrorResponse, including FastAPI's own validation errors: see _validation_error).
 _ERROR_DOCS = {
     404: "unknown model or strategy",
+    408: "the request body did not arrive in full within BUDGETSERVE_BODY_TIMEOUT_S",
     413: "request body or image too large",
     415: "request body is not JSON (send Content-Type: application/json)",
     422: "malformed JSON, a bad or missing field, or an item the model cannot read",
-    503: "the model failed to load, or the service is still starting",
+    503: (
+        "the model failed to load, the service is still starting, or this process is "
+        "overloaded (then with Retry-After)"
+    ),
 }
 
 
@@ -91,20 +99,39 @@ def _unreadable_body(cause: BaseException | None) -> str:
 PREDICT_PATH = "/predict"
 
 
-def _error(status: int, code: str, message: str, **details: Any) -> JSONResponse:
+def _status(exc: errors.BudgetServeError) -> int:
+    return next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **details: Any
+) -> JSONResponse:
     body = ErrorResponse.model_validate(
         {"error": {"type": code, "message": message, "details": details}}
     )
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _headers(exc: errors.BudgetServeError) -> dict[str, str] | None:
+    if isinstance(exc, errors.Overloaded):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, errors.BodyTimeout):
+        return {"Connection": "close"}
+    return None
 
 
 class BodyLimit:
-    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed."""
+    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed,
+    and bodies that have not arrived in full ``timeout_s`` after the headers with 408 (the
+    connection is then closed)."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, metrics: Metrics, timeout_s: float = math.inf
+    ) -> None:
         self.app = app
         self.limit = limit
         self.metrics = metrics
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,21 +139,27 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
             return
         # Read the body here (at most ``limit`` bytes), then replay it to the app: a body
         # streamed without Content-Length is cut off as soon as it passes the limit.
         chunks: list[bytes] = []
         seen = 0
+        deadline = anyio.current_time() + self.timeout_s
         while True:
-            message = await receive()
+            message: Message | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                message = await receive()
+            if message is None:
+                await self._reject(scope, receive, send, errors.BodyTimeout(self.timeout_s))
+                return
             if message["type"] != "http.request":
                 await self.app(scope, receive, send)  # disconnect: let the app see it
                 return
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.limit:
-                await self._reject(scope, receive, send)
+                await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -143,11 +176,12 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exc = errors.PayloadTooLarge(self.limit)
+    async def _reject(
+        self, scope: Scope, receive: Receive, send: Send, exc: errors.BudgetServeError
+    ) -> None:
         if scope.get("path") == PREDICT_PATH:
             self.metrics.requests.labels(model=UNKNOWN_MODEL, status=exc.code).inc()
-        response = _error(413, exc.code, exc.message, **exc.details)
+        response = _error(_status(exc), exc.code, exc.message, _headers(exc), **exc.details)
         await response(scope, receive, send)
 
 
@@ -182,6 +216,9 @@ def create_app(
             ttl_s=settings.cache_ttl_s,
             timeout_ms=settings.redis_timeout_ms,
             retry_s=settings.redis_retry_s,
+            failures=settings.redis_failures,
+            on_trip=metrics.circuit_trips.inc,
+            on_failure=metrics.cache_failure,
         )
         metrics.models_loaded.set(len(reg.bundles))
         state["registry"] = reg
@@ -189,6 +226,11 @@ def create_app(
         state["handler"] = PredictHandler(
             reg, feature_cache, metrics, settings.overhead_reserve_ms,
             threads=settings.extraction_threads,
+            limits=Limits(
+                max_budget_ms=settings.max_budget_ms,
+                max_queued=settings.max_queued,
+                max_queued_bytes=settings.max_queued_bytes,
+            ),
         )
         state["ready"] = bool(reg.bundles)
         try:
@@ -209,8 +251,7 @@ def create_app(
     @app.exception_handler(errors.BudgetServeError)
     async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
         _count(request, exc.code)
-        status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
-        return _error(status, exc.code, exc.message, **exc.details)
+        return _error(_status(exc), exc.code, exc.message, _headers(exc), **exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -258,7 +299,7 @@ def create_app(
     @app.post(
         PREDICT_PATH,
         response_model=PredictResponse,
-        responses=_errors(404, 413, 415, 422, 503),
+        responses=_errors(404, 408, 413, 415, 422, 503),
     )
     async def predict(
         body: PredictRequest, request: Request, background: BackgroundTasks
@@ -378,7 +419,10 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes, metrics=metrics,
+        timeout_s=settings.body_timeout_s,
+    )
     return app
 
 

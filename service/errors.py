@@ -24,6 +24,17 @@ class InvalidItem(BudgetServeError):
     code = "invalid_item"
 
 
+class BudgetTooLarge(InvalidRequest):
+    def __init__(self, budget: float, limit: float) -> None:
+        super().__init__(
+            f"'budget' is {budget:g} ms but this service grants at most {limit:g} ms per "
+            f"request; send a budget <= {limit:g}, or raise BUDGETSERVE_MAX_BUDGET_MS on the "
+            "server",
+            budget=budget,
+            max_budget=limit,
+        )
+
+
 class ItemTooLarge(BudgetServeError):
     code = "item_too_large"
 
@@ -74,6 +85,31 @@ class UnsupportedMediaType(BudgetServeError):
             f"got {given}",
             content_type=content_type,
         )
+
+
+class BodyTimeout(BudgetServeError):
+    code = "body_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"the request body did not arrive in full within {timeout_s:g} s; send it at once "
+            "(the server's limit is BUDGETSERVE_BODY_TIMEOUT_S)",
+            timeout_s=timeout_s,
+        )
+
+
+class Overloaded(BudgetServeError):
+    """Too much work is queued in this process; the client should retry after a while."""
+
+    code = "overloaded"
+
+    def __init__(self, reason: str, retry_after_s: int, **details: Any) -> None:
+        super().__init__(
+            f"the service is busy ({reason}); retry after {retry_after_s} s",
+            retry_after_s=retry_after_s,
+            **details,
+        )
+        self.retry_after_s = retry_after_s
 
 
 class ModelNotFound(BudgetServeError):

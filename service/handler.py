@@ -6,15 +6,22 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import numpy as np
 
-from service.cache import CacheBypassed, CacheUnavailable, FeatureCache, feature_key
-from service.errors import InvalidRequest, SizeMismatch
+from service.cache import (
+    CacheBypassed,
+    CacheDeadline,
+    CacheUnavailable,
+    FeatureCache,
+    feature_key,
+)
+from service.errors import BudgetTooLarge, InvalidRequest, Overloaded, SizeMismatch
 from service.execution import Execution, execute
 from service.items import DecodedItem
 from service.metrics import Metrics
@@ -26,12 +33,34 @@ log = logging.getLogger("budgetserve.handler")
 
 # A Redis read may use at most this share of the request's budget.
 CACHE_READ_SHARE = 0.2
+# Retry-After of a 503 for a full queue: the queue turns over within about a budget.
+RETRY_AFTER_S = 1
+# Weight of the latest wait in the running estimate of the wait for a thread.
+WAIT_EWMA = 0.2
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admission limits of one process (see ``service.settings``)."""
+
+    max_budget_ms: float = float("inf")
+    max_queued: int = 1 << 30
+    max_queued_bytes: int = 1 << 62
 
 
 class PredictHandler:
     """Answers predictions. CPU-bound work (decoding large items, extraction, inference)
-    runs in worker threads, at most ``threads`` requests at once; a request's wait for a
-    thread is reported as ``cost.queued`` and not charged to its budget."""
+    runs in worker threads, at most ``threads`` requests at once.
+
+    Admission, when every thread is busy: at most ``limits.max_queued`` requests wait, and
+    the decoded items of the requests admitted (waiting or working) hold at most
+    ``limits.max_queued_bytes``; beyond that a request is refused with :class:`Overloaded`
+    (503). A request with measured (ms) costs waits at most its budget, and not at all when
+    the expected wait is longer than its budget: it then answers at once from what it has
+    (cached features, or the prior), so small requests never wait behind big ones. The wait
+    is reported as ``cost.queued`` and not charged to the budget."""
 
     def __init__(
         self,
@@ -40,12 +69,74 @@ class PredictHandler:
         metrics: Metrics,
         reserve_ms: float,
         threads: int = 0,
+        limits: Limits | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
         self.reserve_ms = reserve_ms
+        self.limits = limits or Limits()
         self.limiter = anyio.CapacityLimiter(threads or os.cpu_count() or 1)
+        self.waiting: dict[object, float] = {}  # waiting requests → when they began, in order
+        self.held_bytes = 0
+        self.wait_estimate_s = 0.0
+
+    def expected_wait_s(self) -> float:
+        """How long a request arriving now should expect to wait for a thread."""
+        if self.limiter.available_tokens >= 1 and not self.waiting:
+            return 0.0
+        oldest = next(iter(self.waiting.values()), None)
+        age = 0.0 if oldest is None else time.perf_counter() - oldest
+        return max(age, self.wait_estimate_s)
+
+    def _refuse(self, reason: str, **details: Any) -> Overloaded:
+        self.metrics.admission.labels(result=reason).inc()
+        return Overloaded(reason.replace("_", " "), RETRY_AFTER_S, **details)
+
+    async def _acquire(self, wait_limit_s: float | None, nbytes: int) -> float | None:
+        """Take a thread token for this task and hold ``nbytes`` in ``held_bytes`` (the caller
+        releases both): the seconds waited, or None — nothing taken — when the request should
+        not wait (its ``wait_limit_s`` is below the expected wait, or ran out)."""
+        if self.limiter.available_tokens >= 1 and not self.waiting:
+            await self.limiter.acquire()
+            self.held_bytes += nbytes
+            self.wait_estimate_s *= 1.0 - WAIT_EWMA
+            return 0.0
+        if wait_limit_s is not None and wait_limit_s < self.expected_wait_s():
+            self.metrics.admission.labels(result="answered_unqueued").inc()
+            return None
+        if len(self.waiting) >= self.limits.max_queued:
+            raise self._refuse("queue_full", max_queued=self.limits.max_queued)
+        if self.held_bytes > 0 and self.held_bytes + nbytes > self.limits.max_queued_bytes:
+            raise self._refuse("queue_bytes", max_queued_bytes=self.limits.max_queued_bytes)
+        token = object()
+        started = time.perf_counter()
+        self.waiting[token] = started
+        self.held_bytes += nbytes
+        acquired = False
+        try:
+            with anyio.move_on_after(wait_limit_s if wait_limit_s is not None else math.inf):
+                await self.limiter.acquire()
+                acquired = True
+        finally:
+            del self.waiting[token]
+            if not acquired:
+                self.held_bytes -= nbytes
+        waited = time.perf_counter() - started
+        self.wait_estimate_s += WAIT_EWMA * (waited - self.wait_estimate_s)
+        if not acquired:
+            self.metrics.admission.labels(result="wait_expired").inc()
+            return None
+        return waited
+
+    async def _in_thread(self, func: Callable[[], T]) -> T:
+        """Run ``func`` on an extraction thread, waiting without a time limit (count-bounded)."""
+        if await self._acquire(None, 0) is None:  # pragma: no cover - no limit, always granted
+            raise RuntimeError("no thread granted")
+        try:
+            return await anyio.to_thread.run_sync(func)
+        finally:
+            self.limiter.release()
 
     async def predict(
         self,
@@ -60,14 +151,16 @@ class PredictHandler:
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
         bundle = self.registry.get(model)
         runtime = bundle.strategy(strategy)
+        measured = bundle.manifest.cost_basis == "measured"
+        if measured and budget > self.limits.max_budget_ms:
+            raise BudgetTooLarge(float(budget), self.limits.max_budget_ms)
         if bundle.decoder.heavy(item):
-            decoded = await anyio.to_thread.run_sync(
-                bundle.decoder.decode, item, limiter=self.limiter
-            )
+            decoded = await self._in_thread(lambda: bundle.decoder.decode(item))
         else:
             decoded = bundle.decoder.decode(item)
         if size is not None and size != decoded.size:
             raise SizeMismatch(size, decoded.size)
+        nbytes = int(getattr(decoded.data, "nbytes", 0))
 
         # ``spent`` counts work, not waiting: the cache read, then the plan / extract /
         # infer loop timed inside the worker thread from the moment it starts.
@@ -89,11 +182,23 @@ class PredictHandler:
                 on_inference=self._observe_inference,
             )
 
+        # Measured budgets wait for a thread at most the budget itself (and not at all when
+        # the queue ahead is longer); they then answer from what they have, on this loop:
+        # with a budget of 0 the strategy's fallback answers from the features in hand.
         queued_at = time.perf_counter()
-        started, run = await anyio.to_thread.run_sync(work, limiter=self.limiter)
-        response = self._response(
-            bundle, runtime.name, budget, run, sorted(in_hand), started - queued_at
-        )
+        waited = await self._acquire(budget / 1e3 if measured else None, nbytes)
+        if waited is None:
+            run = execute(bundle, decoded, 0.0, in_hand, time.perf_counter() - cache_s,
+                          runtime=runtime, on_inference=self._observe_inference)
+            queued_s = time.perf_counter() - queued_at
+        else:
+            try:
+                started, run = await anyio.to_thread.run_sync(work)
+            finally:
+                self.held_bytes -= nbytes
+                self.limiter.release()
+            queued_s = started - queued_at
+        response = self._response(bundle, runtime.name, budget, run, sorted(in_hand), queued_s)
         self._observe(response)
         writes = {
             feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
@@ -109,8 +214,7 @@ class PredictHandler:
             await self.cache.put_many(writes)
         except CacheBypassed:
             self.metrics.cache.labels(result="bypass").inc()
-        except CacheUnavailable as exc:
-            self.metrics.cache.labels(result="write_error").inc()
+        except CacheUnavailable as exc:  # counted by the cache as it failed
             log.warning("feature cache write failed: %s", exc)
 
     async def _read_cache(
@@ -130,8 +234,11 @@ class PredictHandler:
         except CacheBypassed:
             self.metrics.cache.labels(result="bypass").inc()
             return {}
-        except CacheUnavailable as exc:
-            self.metrics.cache.labels(result="error").inc()
+        except CacheDeadline as exc:
+            # The request's own share of its budget ran out: not a cache failure.
+            self.metrics.cache.labels(result="skipped" if exc.skipped else "deadline").inc()
+            return {}
+        except CacheUnavailable as exc:  # counted by the cache as it failed
             log.warning("feature cache read failed, going on uncached: %s", exc)
             return {}
         found: dict[str, FloatVector] = {}

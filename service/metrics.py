@@ -59,6 +59,16 @@ class Metrics:
             "budgetserve_cache_requests_total", "Feature cache lookups and writes by result",
             ["result"], registry=r,
         )
+        self.circuit_trips = Counter(
+            "budgetserve_cache_circuit_trips_total",
+            "Times the Redis circuit breaker opened (consecutive Redis failures)", registry=r,
+        )
+        self.admission = Counter(
+            "budgetserve_admission_total",
+            "Requests that found every extraction thread busy and were not simply queued: "
+            "refused (queue_full, queue_bytes) or answered at once from what they had "
+            "(answered_unqueued, wait_expired)", ["result"], registry=r,
+        )
         self.budget_exceeded = Counter(
             "budgetserve_budget_exceeded_total",
             "Requests whose extraction ran past the budget (deadline_exceeded)", ["model"],
@@ -68,8 +78,14 @@ class Metrics:
             "budgetserve_models_loaded", "Bundles loaded and ready", registry=r,
             multiprocess_mode="max",
         )
-        for result in ("hit", "miss", "error", "write_error", "bypass"):
+        for result in ("hit", "miss", "error", "write_error", "bypass", "deadline", "skipped"):
             self.cache.labels(result=result)
+        for result in ("queue_full", "queue_bytes", "answered_unqueued", "wait_expired"):
+            self.admission.labels(result=result)
+
+    def cache_failure(self, kind: str) -> None:
+        """A Redis call failed (error, or no answer within the Redis timeout)."""
+        self.cache.labels(result="write_error" if kind == "write" else "error").inc()
 
     def exposition(self) -> bytes:
         """The text exposition: this process's metrics, or, when several workers run with

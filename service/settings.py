@@ -28,13 +28,55 @@ class Settings(BaseSettings):
         "budget); a slower Redis counts as down",
     )
     redis_retry_s: float = Field(
-        default=5.0, ge=0, description="after a Redis failure, bypass it for this long"
+        default=5.0,
+        ge=0,
+        description="once the circuit breaker opens, bypass Redis for this long, then let one "
+        "probe through (half-open)",
+    )
+    redis_failures: int = Field(
+        default=3,
+        ge=1,
+        description="consecutive Redis failures (errors, or no answer within "
+        "BUDGETSERVE_REDIS_TIMEOUT_MS) that open the circuit breaker; a request giving up on "
+        "its own budget is not a failure",
     )
     cache_max_bytes: int = Field(
         default=64 << 20, ge=0, description="in-process feature cache capacity in bytes"
     )
     cache_ttl_s: int = Field(default=3600, ge=1, description="expiry of features stored in Redis")
     max_body_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's head (request line and headers) must arrive in full within "
+        "this many seconds of the connection opening or the previous response; otherwise the "
+        "connection is closed (budgetserve-serve)",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request body must arrive in full within this many seconds of the "
+        "request's headers; otherwise 408 and the connection is closed",
+    )
+    max_budget_ms: float = Field(
+        default=10_000.0,
+        gt=0,
+        description="largest budget a request may ask of a bundle with measured (ms) costs; "
+        "larger budgets are refused with 422",
+    )
+    max_queued: int = Field(
+        default=32,
+        ge=0,
+        description="requests per process that may wait for an extraction thread; more are "
+        "refused with 503 and Retry-After",
+    )
+    max_queued_bytes: int = Field(
+        default=256 << 20,
+        ge=0,
+        description="bytes of decoded items per process held by requests admitted and not yet "
+        "answered (waiting or extracting); a request that would pass it is refused with 503 "
+        "and Retry-After (one request is always admitted)",
+    )
     max_pixels: int = Field(
         default=4096 * 4096,
         ge=1,
@@ -44,8 +86,9 @@ class Settings(BaseSettings):
     extraction_threads: int = Field(
         default=0,
         ge=0,
-        description="requests extracting at once per process (0: one per CPU); others queue, "
-        "and the wait is reported as cost.queued, not charged to the budget",
+        description="requests extracting at once per process (0: one per CPU); others queue "
+        "(at most BUDGETSERVE_MAX_QUEUED, each for at most its budget), and the wait is "
+        "reported as cost.queued, not charged to the budget",
     )
     calibration: bool = Field(
         default=True,

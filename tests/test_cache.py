@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 from pathlib import Path
@@ -82,13 +83,16 @@ def test_redis_round_trip_one_mget_and_pipelined_write(redis_url: str) -> None:
 
 
 def test_redis_down_raises_cache_unavailable_then_bypasses() -> None:
-    cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_ms=100)
+    cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_ms=100,
+                       failures=2)
 
     async def run() -> None:
         try:
-            with pytest.raises(CacheUnavailable) as first:
-                await cache.get_many(["k"])
-            assert not isinstance(first.value, CacheBypassed)
+            for _ in range(2):  # two consecutive failures open the circuit
+                with pytest.raises(CacheUnavailable) as failed:
+                    await cache.get_many(["k"])
+                assert not isinstance(failed.value, CacheBypassed)
+            assert cache.breaker.trips == 1
             with pytest.raises(CacheBypassed):  # the circuit is open: no new attempt
                 await cache.put_many({"k": b"v"})
             assert await cache.ping() is False
@@ -121,7 +125,7 @@ def test_service_with_redis_serves_second_request_from_cache(
 def test_service_survives_redis_down_and_counts_it(digits_bundle_dir: Path) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
     app = create_app(Settings(models_dir=digits_bundle_dir.parent, redis_url=dead,
-                              redis_timeout_ms=100))
+                              redis_timeout_ms=100, redis_failures=1))
     item = {"png_base64": png_b64(digit_image(12, 32))}
     with TestClient(app) as client:
         ready = client.get("/readyz")
@@ -133,6 +137,7 @@ def test_service_survives_redis_down_and_counts_it(digits_bundle_dir: Path) -> N
     assert 'budgetserve_cache_requests_total{result="error"} 1.0' in metrics
     # the failed read opened the circuit, so the write-back skipped Redis instead of waiting
     assert 'budgetserve_cache_requests_total{result="bypass"} 1.0' in metrics
+    assert "budgetserve_cache_circuit_trips_total 1.0" in metrics
 
 
 class SilentPeer:
@@ -166,22 +171,42 @@ class SilentPeer:
         self.sock.close()
 
 
-def test_hung_redis_costs_one_timeout_then_is_bypassed(digits_bundle_dir: Path) -> None:
+def test_hung_redis_is_judged_by_its_timeout_and_then_bypassed(
+    digits_bundle_dir: Path,
+) -> None:
     peer = SilentPeer()
     try:
         app = create_app(Settings(models_dir=digits_bundle_dir.parent,
                                   redis_url=f"redis://127.0.0.1:{peer.port}/0",
-                                  redis_timeout_ms=25, redis_retry_s=60))
+                                  redis_timeout_ms=250, redis_failures=3, redis_retry_s=60))
         item = {"png_base64": png_b64(digit_image(13, 64))}
         with TestClient(app) as client:
-            bodies = [client.post("/predict", json={"model": "digits", "item": item,
-                                                    "budget": 20}).json() for _ in range(5)]
+            gc.collect()
+            bodies = []
+            for _ in range(400):  # bounded: the breaker opens once 3 reads have timed out
+                bodies.append(client.post("/predict", json={"model": "digits", "item": item,
+                                                           "budget": 20}).json())
+                if app.state.core["cache"].breaker.trips:
+                    break
+            bodies += [client.post("/predict", json={"model": "digits", "item": item,
+                                                     "budget": 20}).json() for _ in range(3)]
             metrics = client.get("/metrics").text
     finally:
         peer.close()
-    # The first read waits at most 20 % of the 20 ms budget (4 ms), then the circuit opens:
-    # every request still gets a real model, not the prior, and none is over budget.
-    assert all(b["features"] for b in bodies), [b["answered_by"] for b in bodies]
-    assert not any(b["deadline_exceeded"] for b in bodies)
-    assert 'budgetserve_cache_requests_total{result="error"} 1.0' in metrics
-    assert 'budgetserve_cache_requests_total{result="bypass"}' in metrics
+    # Each request waits at most 20 % of its 20 ms budget (4 ms) for the read, never Redis's
+    # 250 ms: the reads time out in the background, where they open the circuit. (The median:
+    # a garbage collection of this test process's heap can stall any one request.)
+    spent = sorted(b["cost"]["spent"] for b in bodies)
+    assert spent[len(spent) // 2] < 50, spent
+    assert sum(1 for b in bodies if b["features"]) >= len(bodies) // 2
+    failed = cache_count(metrics, "error") + cache_count(metrics, "write_error")
+    assert failed >= 3, metrics  # reads and write-backs, judged at Redis's own timeout
+    assert "budgetserve_cache_circuit_trips_total 1.0" in metrics
+    assert cache_count(metrics, "deadline") >= 1
+    assert cache_count(metrics, "bypass") >= 3
+
+
+def cache_count(metrics: str, result: str) -> float:
+    prefix = f'budgetserve_cache_requests_total{{result="{result}"}} '
+    (line,) = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(line.removeprefix(prefix))

@@ -324,7 +324,8 @@ def start(image: Image, tmp_path: Path) -> Iterator[Callable[[dict[str, str]], S
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 as_pid1(image.argv),
-                env={**env, "PYTHONPATH": str(site)}, cwd="/", stdin=subprocess.DEVNULL,
+                # ROOT: this checkout's service, whichever checkout the venv was installed from
+                env={**env, "PYTHONPATH": f"{site}:{ROOT}"}, cwd="/", stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT,
             )
         served = Served(proc, 0, port, env, log_path)
@@ -444,6 +445,61 @@ def test_entrypoint_serves_and_drains_on_sigterm(
     answered = log.find(f':{client_port} - "POST /predict HTTP/1.1" 200')
     assert 0 <= log.find("Shutting down") < answered, log
     assert healthcheck(image, served) != 0, "HEALTHCHECK passes with nothing listening"
+
+
+def test_two_workers_answer_fast_and_refuse_new_connections_once_draining(
+    start: Callable[[dict[str, str]], Served],
+) -> None:
+    """Several workers: the listening socket has TCP_NODELAY (else every response on a
+    reused connection waits ~40 ms for the client's delayed ACK), and after SIGTERM no new
+    connection is left hanging in the accept queue: it is refused (or answered) at once,
+    while a request in flight completes."""
+    served = start({"BUDGETSERVE_WORKERS": "2"})
+    port = served.port
+    small = json.dumps({"model": "digits", "item": {"png_base64": png_b64(digit_image(5, 32))},
+                        "budget": 1}).encode()
+    request = (b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(small), small))
+    times = []
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        for _ in range(21):
+            t0 = time.perf_counter()
+            conn.sendall(request)
+            status, _, body = read_response(conn)
+            times.append(time.perf_counter() - t0)
+            assert status == 200, body
+    p50 = sorted(times[1:])[len(times) // 2]
+    assert p50 < 0.025, f"p50 {p50 * 1e3:.1f} ms on a reused connection (Nagle: ~40 ms)"
+
+    held = predict_body(4)
+    conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+    try:
+        conn.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(held)
+        )
+        assert read_response(conn)[0] == 100
+        os.kill(served.pid1, signal.SIGTERM)
+        served.wait_for("no process listens any more", lambda: not served.holders())
+        # New connections: refused at once, or answered; never left in an accept queue.
+        for _ in range(5):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as late:
+                    late.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                    late.recv(1)  # a response or a reset; socket.timeout fails the test
+            except (ConnectionRefusedError, ConnectionResetError):
+                pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        conn.sendall(held)  # the request in flight completes
+        status, _, body = read_response(conn)
+    finally:
+        conn.close()
+    assert status == 200, body
+    assert json.loads(body)["prediction"] == "4"
+    served.wait_for("the server exited", lambda: served.proc.poll() is not None,
+                    while_running=False)
+    assert served.proc.returncode == 0, served.log()
 
 
 def http_predict(port: int, body: bytes) -> tuple[int, bytes]:

@@ -1,0 +1,96 @@
+"""The pieces of serving that are uvicorn's business, adjusted: the listening socket, the
+worker supervisor's shutdown, and a time-out on request heads.
+
+- :func:`listening_socket`: a TCP socket (``IPPROTO_TCP``) with ``TCP_NODELAY``, which
+  accepted connections inherit. uvicorn's own socket for several workers has neither, and
+  asyncio then leaves Nagle's algorithm on, so every response on a reused connection waits
+  for the client's delayed ACK (~40 ms).
+- :class:`DrainingMultiprocess`: with several workers the parent closes its copy of the
+  socket as soon as it is told to stop, before it signals the workers (each closes its own as
+  its graceful shutdown begins): new connections are refused at once instead of waiting in
+  the accept queue of a socket nobody accepts from, while requests in flight complete.
+- :class:`HeadTimeoutH11Protocol`: uvicorn's h11 protocol, closing a connection whose request
+  head (request line and headers) has not arrived in full ``BUDGETSERVE_HEADER_TIMEOUT_S``
+  after the connection opened or the previous response completed. uvicorn's own keep-alive
+  timer stops at the first byte, so a client that sends half a head is otherwise held open
+  for ever. (Slow bodies are the app's: ``service.api.BodyLimit``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.supervisors.multiprocess import Multiprocess
+
+from service.settings import Settings
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn (it calls ``listen``), with ``TCP_NODELAY`` set."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class DrainingMultiprocess(Multiprocess):
+    """uvicorn's worker supervisor, closing the parent's listening socket before it asks the
+    workers to stop."""
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
+
+@functools.cache
+def header_timeout_s() -> float:
+    """From the environment, once per process (workers are separate processes)."""
+    return Settings().header_timeout_s
+
+
+class HeadTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a time-out on each request head (see the module)."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(header_timeout_s(), self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        # IDLE: no complete request head since the timer was armed (a request in progress
+        # has moved the client's side on to SEND_BODY or DONE).
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self.conn.our_state is h11.IDLE:
+                self.conn.send(h11.ConnectionClosed())
+            self.transport.close()

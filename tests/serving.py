@@ -1,0 +1,111 @@
+"""Real servers for tests: the app under a real uvicorn (in a thread of this process), and a
+redis-server of a test's own that it may stop, kill and restart."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+import uvicorn
+from fastapi import FastAPI
+
+from tests.conftest import free_port
+
+
+@contextmanager
+def uvicorn_thread(app: FastAPI, **config: Any) -> Iterator[int]:
+    """Serve ``app`` with uvicorn on a free loopback port; yields the port."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            if server.started:
+                break
+            if not thread.is_alive():
+                raise RuntimeError("uvicorn exited during start-up")
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("uvicorn did not start within 30 s")
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def post_json(port: int, path: str, body: dict[str, Any],
+              timeout: float = 60) -> tuple[int, dict[str, str], dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        payload = response.read()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return response.status, headers, json.loads(payload)
+    finally:
+        conn.close()
+
+
+def metric(text: str, sample: str) -> float:
+    """The value of one sample (name with its labels, as exposed) in a text exposition."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    raise KeyError(f"{sample} is not in the exposition")
+
+
+class RedisProcess:
+    """A redis-server of one test's own, on a fixed loopback port across restarts."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="bs-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        for _ in range(200):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer PING in 10 s")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.proc.terminate()
+            self.proc.wait(timeout=30)

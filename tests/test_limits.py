@@ -1,0 +1,265 @@
+"""What one process will hold: stalled bodies time out (408, connection closed), budgets are
+capped (422), queued work is bounded by count and bytes (503 + Retry-After), and small
+requests are not kept waiting behind big ones. Through a real uvicorn (the body time-out is
+the server's business) or a real ``budgetserve-serve`` process (memory)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from service.api import create_app
+from service.server import HeadTimeoutH11Protocol, header_timeout_s
+from service.settings import Settings
+from tests.conftest import ROOT, digit_image, free_port, png_b64
+from tests.serving import metric, post_json, uvicorn_thread
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_a_stalled_body_gets_408_and_its_connection_closed(digits_bundle_dir: Path) -> None:
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent, body_timeout_s=1.0))
+    with uvicorn_thread(app) as port:
+        conns = []
+        for _ in range(20):  # headers and 9 bytes of a 100,000-byte body, then nothing
+            conn = socket.create_connection(("127.0.0.1", port), timeout=15)
+            conn.sendall(b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                         b"\r\nContent-Length: 100000\r\n\r\n{\"model\":")
+            conns.append(conn)
+        started = time.monotonic()
+        answers = [read_until_closed(c) for c in conns]  # bounded by the socket time-out
+        waited = time.monotonic() - started
+        for c in conns:
+            c.close()
+        # A body that does arrive in time is still served.
+        body = {"model": "digits", "item": {"png_base64": png_b64(digit_image(3, 32))},
+                "budget": 20}
+        status, _, answer = post_json(port, "/predict", body)
+        assert status == 200 and answer["prediction"] == "3"
+        metrics = post_json_metrics(port)
+    assert waited < 10, f"stalled connections were held {waited:.1f} s"
+    for raw in answers:
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), raw[:200]
+        assert b"connection: close" in head.lower()
+        error = json.loads(payload)["error"]
+        assert error["type"] == "body_timeout" and "BUDGETSERVE_BODY_TIMEOUT_S" in error["message"]
+    counted = 'budgetserve_requests_total{model="_unknown",status="body_timeout"}'
+    assert metric(metrics, counted) == 20
+
+
+def test_a_stalled_request_head_closes_the_connection(
+    digits_bundle_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half a request head, on a new connection or on a kept-alive one after a response, is
+    closed after BUDGETSERVE_HEADER_TIMEOUT_S (uvicorn's keep-alive timer stops at the first
+    byte, so it was held for ever)."""
+    monkeypatch.setenv("BUDGETSERVE_HEADER_TIMEOUT_S", "1")
+    header_timeout_s.cache_clear()
+    try:
+        app = create_app(Settings(models_dir=digits_bundle_dir.parent))
+        with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
+            fresh = [socket.create_connection(("127.0.0.1", port), timeout=15)
+                     for _ in range(10)]
+            for conn in fresh:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+            reused = socket.create_connection(("127.0.0.1", port), timeout=15)
+            reused.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            first = b""
+            while not first.endswith(b'{"status":"ok"}'):  # the whole response, then more
+                chunk = reused.recv(65536)
+                assert chunk, first
+                first += chunk
+            reused.sendall(b"GET /healthz HTTP/1.1\r\n")
+            started = time.monotonic()
+            leftovers = [read_until_closed(c) for c in [*fresh, reused]]
+            waited = time.monotonic() - started
+            for conn in [*fresh, reused]:
+                conn.close()
+            # A head that arrives within the time-out, in pieces, is served.
+            with socket.create_connection(("127.0.0.1", port), timeout=15) as slow:
+                for piece in (b"GET /heal", b"thz HTTP/1.1\r\nHost: t\r\n", b"\r\n"):
+                    slow.sendall(piece)
+                    time.sleep(0.2)
+                assert slow.recv(65536).startswith(b"HTTP/1.1 200")  # the status line
+    finally:
+        header_timeout_s.cache_clear()
+    assert first.startswith(b"HTTP/1.1 200")
+    assert leftovers == [b""] * 11
+    assert waited < 10, f"half-sent heads were held {waited:.1f} s"
+
+
+def post_json_metrics(port: int) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        return read_until_closed(conn).partition(b"\r\n\r\n")[2].decode()
+
+
+def test_a_budget_over_the_cap_is_refused_with_how_to_change_it(
+    digits_bundle_dir: Path, router_bundle_dir: Path
+) -> None:
+    settings = Settings(models_dir=digits_bundle_dir.parent, max_budget_ms=500)
+    item = {"png_base64": png_b64(digit_image(3, 32))}
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/predict", json={"model": "digits", "item": item, "budget": 500.5})
+        ok = client.post("/predict", json={"model": "digits", "item": item, "budget": 500})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert "at most 500 ms" in error["message"] and "BUDGETSERVE_MAX_BUDGET_MS" in error["message"]
+    assert error["details"] == {"budget": 500.5, "max_budget": 500.0}
+    assert ok.status_code == 200
+    # Budgets in a declared unit (sensor costs, not time) are not capped in ms.
+    declared = Settings(models_dir=router_bundle_dir.parent, max_budget_ms=1)
+    row = {"values": {"r": 0.5, "a1": 0.1, "a2": 0.2, "b1": 0.3, "b2": 0.4}}
+    with TestClient(create_app(declared)) as client:
+        r = client.post("/predict", json={"model": "router", "item": row, "budget": 100})
+    assert r.status_code == 200, r.text
+
+
+def noise_png_b64(side: int, seed: int) -> str:
+    """A 1024² picture that does not compress: the body is as big as the pixels."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buf, format="PNG", compress_level=1)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+@pytest.mark.parametrize(("bound", "max_queued", "max_bytes"), [
+    ("queue_full", 4, 256 << 20),  # 4 waiting at most
+    ("queue_bytes", 64, 10 << 20),  # 10 MiB of decoded items: one working, one waiting
+])
+def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
+    tmp_path: Path, digits_bundle_dir: Path, bound: str, max_queued: int, max_bytes: int
+) -> None:
+    """The issue's load: many clients send 1024² items with the largest budget, while another
+    sends small items with a 5 ms budget, against a real ``budgetserve-serve`` (one worker,
+    one extraction thread). Small requests are answered within their budgets (the service's
+    own ``queued`` and ``spent``); excess big ones are refused with 503 + Retry-After; the
+    server's peak RSS stays bounded."""
+    port = free_port()
+    env = {**os.environ, "BUDGETSERVE_HOST": "127.0.0.1", "BUDGETSERVE_PORT": str(port),
+           "BUDGETSERVE_MODELS_DIR": str(digits_bundle_dir.parent),
+           "BUDGETSERVE_WORKERS": "1", "BUDGETSERVE_EXTRACTION_THREADS": "1",
+           "BUDGETSERVE_MAX_QUEUED": str(max_queued),
+           "BUDGETSERVE_MAX_QUEUED_BYTES": str(max_bytes),
+           "BUDGETSERVE_MAX_BUDGET_MS": "3000", "BUDGETSERVE_CALIBRATION": "false"}
+    env.pop("REDIS_URL", None)
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's service, whichever one the venv installed
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen([str(VENV_BIN / "budgetserve-serve")], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5):
+                    break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                time.sleep(0.05)
+        big = [{"png_base64": noise_png_b64(1024, s)} for s in range(4)]
+        small = [{"png_base64": png_b64(digit_image(i, 32))} for i in range(8)]
+        # Warm up: one big request through, so the baseline holds what one request needs.
+        status, _, _ = post_json(port, "/predict", {"model": "digits", "item": big[0],
+                                                    "budget": 3000}, timeout=120)
+        assert status == 200
+        baseline = rss_kib(proc.pid)
+
+        big_results: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+        small_results: list[dict[str, Any]] = []
+        stop = threading.Event()
+
+        def big_client(k: int) -> None:
+            for j in range(3):
+                big_results.append(post_json(port, "/predict", {
+                    "model": "digits", "item": big[(k + j) % len(big)], "budget": 3000},
+                    timeout=120))
+
+        def small_client() -> None:
+            i = 0
+            while not stop.is_set() and i < 60:
+                status, _, body = post_json(port, "/predict", {
+                    "model": "digits", "item": small[i % len(small)], "budget": 5},
+                    timeout=120)
+                assert status == 200, body
+                small_results.append(body)
+                i += 1
+                time.sleep(0.02)
+
+        bigs = [threading.Thread(target=big_client, args=(k,)) for k in range(12)]
+        smalls = threading.Thread(target=small_client)
+        for t in bigs:
+            t.start()
+        time.sleep(0.3)  # the big ones hold the thread and fill the queue
+        smalls.start()
+        for t in bigs:
+            t.join(timeout=300)
+        stop.set()
+        smalls.join(timeout=300)
+        peak = rss_kib(proc.pid, "VmHWM")
+        metrics = post_json_metrics(port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+    statuses = [s for s, _, _ in big_results]
+    assert len(statuses) == 36 and set(statuses) <= {200, 503}, statuses
+    refused = [(h, b) for s, h, b in big_results if s == 503]
+    assert refused, "no big request was refused: the queue is not bounded"
+    for headers, body in refused:
+        assert headers.get("retry-after") == "1"
+        assert body["error"]["type"] == "overloaded"
+        assert body["error"]["details"]["retry_after_s"] == 1
+    assert statuses.count(200) >= 4
+
+    # Small requests: the service says none waited longer than its budget, and the ones that
+    # found the thread busy answered at once from what they had.
+    assert len(small_results) >= 10
+    queued = [b["cost"]["queued"] for b in small_results]
+    assert max(queued) <= 5 + 2, queued
+    spent = sorted(b["cost"]["spent"] for b in small_results)
+    assert spent[len(spent) // 2] <= 5, spent
+    unqueued = metric(metrics, 'budgetserve_admission_total{result="answered_unqueued"}')
+    expired = metric(metrics, 'budgetserve_admission_total{result="wait_expired"}')
+    assert unqueued + expired > 0
+    rejected = {r: metric(metrics, f'budgetserve_admission_total{{result="{r}"}}')
+                for r in ("queue_full", "queue_bytes")}
+    assert rejected[bound] > 0 and sum(rejected.values()) == len(refused), rejected
+    assert metric(metrics, 'budgetserve_requests_total{model="digits",status="overloaded"}') \
+        == len(refused)
+
+    grown_mib = (peak - baseline) / 1024
+    print(f"RSS baseline {baseline / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB, "
+          f"refused {len(refused)}/36, small answered at once {unqueued + expired:.0f}")
+    assert grown_mib < 400, f"RSS grew {grown_mib:.0f} MiB under load (bounded queue)"
