@@ -1,7 +1,7 @@
 """A small gating bundle (paper 001's format) built in the tests through real code: sklearn
-models exported and checked by ``training.export``, a linear gate as a real ONNX graph, the
-tabular ``sensor`` extractors of ``training.dag_bundle``, written atomically by the staging
-context of ``training.build``.
+models exported and checked by ``training.export.sklearn``, a linear gate as a real ONNX graph, the
+tabular ``sensor`` extractors of ``training.bundles.dag``, written atomically by the staging
+context of ``training.bundles.digits``.
 
 The problem: a cheap sensor ``g`` says whether the label is the sign of the cheap sensor
 ``a`` (g > 0) or of the expensive sensor ``b`` (g < 0); ``c`` is expensive noise. f1 reads
@@ -31,9 +31,9 @@ from service.bundle import (
     model_id_for,
     write_manifest,
 )
-from training.build import provenance, staging
-from training.export import export_classifier, verify_export
-from training.tabular import sensor_extractors, tabular_item
+from training.bundles.digits import provenance, staging
+from training.data.tabular import sensor_extractors, tabular_item
+from training.export.sklearn import export_classifier, verify_export
 
 SENSORS = {"a": ["a1"], "g": ["g1"], "b": ["b1"], "c": ["c1"]}
 COSTS = {"a": 1.0, "g": 1.0, "b": 2.0, "c": 2.0}

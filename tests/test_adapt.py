@@ -7,7 +7,8 @@ import pytest
 from scipy.optimize import minimize
 from sklearn.neighbors import KNeighborsClassifier
 
-from training.adapt import AdaptLin, L1Baseline, make_synthetic2, q_step
+from training.data.synthetic import make_synthetic2
+from training.gating import AdaptLin, L1Baseline, q_step
 
 
 def _opt1_objective(q: np.ndarray, A: np.ndarray, B: np.ndarray) -> float:

@@ -1,4 +1,4 @@
-"""The DAG benchmark's core functions (training/bench_dag.py) on small synthetic data."""
+"""The DAG benchmark's core functions (benchmarks/dag.py) on small synthetic data."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import bench_dag as b
-from training.dag_data import make_informative_data, make_many_sensor_data
+from benchmarks import dag as b
+from training.data.synthetic import make_informative_data, make_many_sensor_data
 
 SCALES = (0.0, 0.01, 0.1, 1.0)
 

@@ -1,4 +1,4 @@
-"""The sensor-acquisition DAG (training/dag.py): Graph-Reduce, filter-tree export, Alg. 2."""
+"""The sensor-acquisition DAG (training/dag/): Graph-Reduce, filter-tree export, Alg. 2."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from sklearn.exceptions import NotFittedError
 
 from training.dag import DagClassifier, select_subsets, sweep
-from training.dag_data import (
+from training.data.synthetic import (
     ROUTER_COSTS,
     ROUTER_SENSORS,
     make_informative_data,

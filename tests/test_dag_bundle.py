@@ -13,8 +13,8 @@ from service.api import create_app
 from service.bundle import read_manifest
 from service.cache import InProcessCache
 from service.settings import Settings
-from training.dag_bundle import DagSpec, build_dag_bundle
-from training.dag_data import make_router_data
+from training.bundles.dag import DagSpec, build_dag_bundle
+from training.data.synthetic import make_router_data
 
 COLUMNS = ["r", "a1", "a2", "b1", "b2"]
 SPEC = DagSpec(

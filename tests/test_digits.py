@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.digits import (
+from training.data.digits import (
     NO_JITTER,
     Jitter,
     data_fingerprint,

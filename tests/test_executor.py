@@ -28,9 +28,9 @@ import pytest
 
 from service.bundle import read_manifest
 from tests.conftest import ROUTER_COLUMNS, free_port
-from training.build import LatticeEvaluator, digits_features, make_extractors
+from training.bundles.digits import LatticeEvaluator, digits_features, make_extractors
 from training.dag import DagClassifier, sweep
-from training.dag_data import make_router_data
+from training.data.synthetic import make_router_data
 from training.executor import (
     INLINE,
     Executor,
@@ -328,7 +328,7 @@ def test_cli_passes_the_executor_options_through(
 ) -> None:
     from typer.testing import CliRunner
 
-    import training.build
+    import training.bundles.digits
     from training.cli import app
 
     csv, spec = write_router_csv(tmp_path, [0.0, 0.3])
@@ -346,7 +346,7 @@ def test_cli_passes_the_executor_options_through(
         seen.update(kwargs)
         raise SystemExit(0)
 
-    monkeypatch.setattr(training.build, "build_bundle", fake_build)
+    monkeypatch.setattr(training.bundles.digits, "build_bundle", fake_build)
     result = CliRunner().invoke(app, ["build", "--out", str(tmp_path / "digits"),
                                       "--executor", "ray", "--address", "head:6379"])
     assert result.exit_code == 0, result.output
@@ -413,7 +413,7 @@ def test_cli_joins_a_ray_cluster_started_with_ray_start(tmp_path: Path) -> None:
         shutil.rmtree(temp, ignore_errors=True)
     assert joined.returncode == 0, joined.stdout + joined.stderr
     assert not left, f"Ray left processes behind: {left}"
-    from training.dag_bundle import DagSpec, build_dag_bundle, read_csv
+    from training.bundles.dag import DagSpec, build_dag_bundle, read_csv
 
     dag_spec = DagSpec.load(spec)
     x, y, columns = read_csv(csv, dag_spec)
@@ -432,9 +432,9 @@ def test_gating_sweep_elsewhere_is_the_same(request: pytest.FixtureRequest, kind
     from sklearn.datasets import make_classification
     from sklearn.neighbors import KNeighborsClassifier
 
-    from training.adapt import FittedF0
-    from training.gating import Config
-    from training.gating import sweep as gating_sweep
+    from training.gating import FittedF0
+    from training.gating.sweep import Config
+    from training.gating.sweep import sweep as gating_sweep
 
     if kind == "ray":
         request.getfixturevalue("ray_local")

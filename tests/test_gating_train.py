@@ -14,9 +14,9 @@ from sklearn.datasets import make_classification
 from sklearn.neighbors import KNeighborsClassifier
 
 from service.bundle import GatingStrategy, read_manifest
-from training.adapt import AdaptLin, FittedF0, L1Baseline
-from training.adapt_gbrt import AdaptGbrt, greedy_miser
-from training.gating import (
+from training.bundles.gating import GatingSpec, build_gating_bundle
+from training.gating import AdaptGbrt, AdaptLin, FittedF0, L1Baseline, greedy_miser
+from training.gating.sweep import (
     Config,
     ExportedModel,
     GatingExportMismatch,
@@ -28,7 +28,6 @@ from training.gating import (
     sweep,
     verify_system,
 )
-from training.gating_bundle import GatingSpec, build_gating_bundle
 
 
 def _data(n_classes: int, n: int = 900, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -132,7 +131,7 @@ def test_every_method_exports_and_the_export_reproduces_the_fit(n_classes: int) 
         if point.method == "greedymiser":
             assert system.gate.onnx is None and not system.always_full
     f0_bytes = export_f0(f0.model, 8)
-    from training.export import onnx_probabilities
+    from training.export.sklearn import onnx_probabilities
 
     got = onnx_probabilities(f0_bytes, X[750:].astype(np.float32))
     assert np.abs(got - f0.model.predict_proba(X[750:])).max() <= 1e-4
@@ -241,7 +240,7 @@ def test_gating_spec_errors_say_what_is_wrong(change: dict[str, Any], msg: str) 
 
 def test_adapt_lin_and_l1_on_synthetic_knn_f0_export_round_trip() -> None:
     """The linear exports fold the standardisation into raw-unit weights exactly."""
-    from training.adapt import make_synthetic2
+    from training.data.synthetic import make_synthetic2
 
     data = make_synthetic2(50, seed=2)
     Xs = data.X * np.array([10.0, 0.1]) + np.array([5.0, -3.0])  # unequal scales and offsets
@@ -331,7 +330,7 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
 
 
 def test_export_check_forgives_a_float32_threshold_collision_but_not_a_wrong_export() -> None:
-    from training.gating import FLOAT32_FLIPS, tolerant_deviation
+    from training.gating.sweep import FLOAT32_FLIPS, tolerant_deviation
 
     rng = np.random.default_rng(0)
     expected = rng.dirichlet(np.ones(3), size=1000)
@@ -361,7 +360,7 @@ def test_non_finite_gate_thresholds_cannot_be_written() -> None:
 
 
 def test_csv_with_a_missing_value_names_its_row_and_column(tmp_path: Path) -> None:
-    from training.tabular import read_csv
+    from training.data.tabular import read_csv
 
     (tmp_path / "d.csv").write_text("f0,f1,label\n1,2,a\n3,nan,b\n")
     spec = GatingSpec(name="x", label="label", sensors=["f0", "f1"])  # type: ignore[arg-type]

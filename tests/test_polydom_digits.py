@@ -13,7 +13,7 @@ import pytest
 
 from service.bundle import read_manifest
 from service.strategies.polydom_index import poly_eval
-from training.build import LatticeEvaluator, digits_features, make_extractors
+from training.bundles.digits import LatticeEvaluator, digits_features, make_extractors
 from training.polydom import PolyDom
 
 

@@ -1,6 +1,6 @@
 """Where embarrassingly parallel training work runs: in-process, joblib workers, or Ray.
 
-The lattice expansion (one cross-validated model per feature set, :mod:`training.build`) and
+The lattice expansion (one cross-validated model per feature set, :mod:`training.bundles.digits`) and
 the DAG training (one classifier per state, one policy set per cost scale, :mod:`training.dag`)
 are many independent tasks. They go through :meth:`Executor.map`::
 

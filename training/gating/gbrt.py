@@ -1,7 +1,7 @@
 """ADAPT-GBRT (Nan & Saligrama, NIPS 2017, Alg. 2) and GreedyMiser, on LightGBM.
 
 The gate g and the low-cost model f1 are boosted ensembles of small trees; f0 is a high-cost
-model on all features (any classifier with ``predict_proba``; see :mod:`training.adapt`).
+model on all features (any classifier with ``predict_proba``; see :mod:`training.gating.adapt`).
 A feature costs λ·c_α the first time either ensemble splits on it and nothing afterwards.
 
 How the schedule maps to the paper's Alg. 2::
@@ -45,20 +45,22 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import log_softmax, softmax
 
-from training.adapt import (
+from service.types import FloatArray
+from training._validation import (
+    check_costs,
+    check_nonneg,
+    check_pos_int,
+    check_X,
+    check_Xy,
+)
+from training.gating.base import (
     _EPS_PROB,
     BoolArray,
-    FloatArray,
     IntArray,
-    _check_costs,
-    _check_nonneg,
-    _check_pos_int,
-    _check_X,
-    _check_Xy,
     _fit_f0,
     _GatedClassifier,
-    q_step,
 )
+from training.gating.solvers import q_step
 
 __all__ = ["AdaptGbrt", "default_gbrt_f0", "greedy_miser"]
 
@@ -92,7 +94,7 @@ class AdaptGbrt(_GatedClassifier):
     lam : float >= 0
         Cost weight λ: a split on a not-yet-used feature α must gain more than λ·N·c_α.
     feature_costs : array of shape (n_features,) or None (all 1)
-    f0 : classifier, :class:`training.adapt.FittedF0` or None (gradient boosting)
+    f0 : classifier, :class:`training.gating.adapt.FittedF0` or None (gradient boosting)
     f0_cv : int >= 2 or None
         Folds for f0's out-of-fold probabilities in B_i (None: in-sample).
     n_rounds : int >= 1
@@ -144,12 +146,12 @@ class AdaptGbrt(_GatedClassifier):
 
     def _validate_params_(self) -> None:
         self._check_shared_params_()
-        _check_nonneg(self.lam, "lam")
-        _check_pos_int(self.n_rounds, "n_rounds")
-        _check_pos_int(self.trees_per_round, "trees_per_round")
-        _check_pos_int(self.num_leaves, "num_leaves", minimum=2)
-        _check_pos_int(self.min_child_samples, "min_child_samples")
-        if _check_nonneg(self.learning_rate, "learning_rate") == 0.0:
+        check_nonneg(self.lam, "lam")
+        check_pos_int(self.n_rounds, "n_rounds")
+        check_pos_int(self.trees_per_round, "trees_per_round")
+        check_pos_int(self.num_leaves, "num_leaves", minimum=2)
+        check_pos_int(self.min_child_samples, "min_child_samples")
+        if check_nonneg(self.learning_rate, "learning_rate") == 0.0:
             raise ValueError("learning_rate must be > 0")
 
     def _params(
@@ -202,10 +204,10 @@ class AdaptGbrt(_GatedClassifier):
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptGbrt:
         self._validate_params_()
-        Xa, classes, y_idx = _check_Xy(X, y)
+        Xa, classes, y_idx = check_Xy(X, y)
         n, k = Xa.shape
         m = classes.size
-        costs = _check_costs(self.feature_costs, k)
+        costs = check_costs(self.feature_costs, k)
         self.classes_ = classes
         self.n_features_in_ = k
         self.costs_ = costs
@@ -276,7 +278,7 @@ class AdaptGbrt(_GatedClassifier):
 
     def f1_raw(self, X: ArrayLike) -> FloatArray:
         self._check_fitted()
-        Xa = _check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_)
         booster = self.f1_booster_
         assert booster is not None
         raw = np.asarray(booster.predict(Xa, raw_score=True), dtype=np.float64)
@@ -288,7 +290,7 @@ class AdaptGbrt(_GatedClassifier):
     def gate_score(self, X: ArrayLike) -> FloatArray:
         """g(x): > 0 sends the example to f0 (always ≤ 0 for GreedyMiser)."""
         self._check_fitted()
-        Xa = _check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_)
         if self.gate_booster_ is None:
             return np.full(Xa.shape[0], -np.inf)
         return np.asarray(self.gate_booster_.predict(Xa, raw_score=True), dtype=np.float64)

@@ -6,7 +6,7 @@ the serving code path (``service.execution.execute``), once with the correct bun
 the mis-scaled bundle and calibration off, once with calibration on. Reported per window of
 requests: the share over budget, and the accuracy.
 
-``python -m training.bench_calibration`` writes ``docs/benchmarks/calibration.md`` and a PNG.
+``python -m benchmarks.calibration`` writes ``docs/benchmarks/calibration.md`` and a PNG.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _misscaled_copy(src: Path, dst: Path, scale: float) -> Path:
 
 
 def _stream(requests: int, seed: int) -> Stream:
-    from training.digits import render_digit
+    from training.data.digits import render_digit
     from training.evaluate import held_out_digits
 
     images8, labels = held_out_digits(200)
@@ -112,7 +112,7 @@ def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
         f"{platform.platform()} ({os.cpu_count()} CPUs) with "
-        "`python -m training.bench_calibration`.",
+        "`python -m benchmarks.calibration`.",
         "",
         f"The digits bundle's cost curves were scaled by {SCALE} (as if profiled on a machine "
         f"{1 / SCALE:.1f}× faster). {requests} held-out digits at sides 32–256 px with budgets "

@@ -8,7 +8,7 @@ average feature cost by about 31 % (Letters) and 63 % (MiniBooNE, full data). He
 is chosen on validation (the cheapest whose validation accuracy is within 1 % of f0's), and its
 test accuracy and cost are reported, so the selection is not tuned on test rows.
 
-``python -m training.bench_gating`` writes docs/benchmarks/gating.md and one PNG per data set.
+``python -m benchmarks.gating`` writes docs/benchmarks/gating.md and one PNG per data set.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import RandomForestClassifier
 
-from training.adapt import FittedF0
-from training.bench_dag import DATA, Split, load_letter, load_miniboone
-from training.gating import METHODS, Config, SweepPoint, default_grid, pareto, sweep
+from benchmarks.dag import DATA, Split, load_letter, load_miniboone
+from training.gating import FittedF0
+from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -140,10 +140,10 @@ def report(runs: Sequence[DatasetRun]) -> list[str]:
         "# Gating: ADAPT-GBRT, ADAPT-LIN, L1 baseline, GreedyMiser (paper 001)",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.platform()} ({os.cpu_count()} CPUs) with `python -m training.bench_gating`"
+        f"{platform.platform()} ({os.cpu_count()} CPUs) with `python -m benchmarks.gating`"
         " (part of `make bench`). Unit feature costs; f0 is a 200-tree random forest on all "
         "features (the paper's f0 for these figures). Each method sweeps its grid "
-        "(`training.gating.default_grid`: ADAPT-GBRT P_full ∈ {0.1, 0.3, 0.5} × λ ∈ {0.0003 "
+        "(`training.gating.sweep.default_grid`: ADAPT-GBRT P_full ∈ {0.1, 0.3, 0.5} × λ ∈ {0.0003 "
         "… 0.03}, 30 rounds of 10 trees with 31 leaves per ensemble; GreedyMiser λ ∈ {0.0003 … "
         "0.1}; ADAPT-LIN P_full ∈ {0.2, 0.4, 0.6} × γ ∈ {0.003 … 0.1}; L1 baseline C ∈ {0.003 "
         "… 1} × gate threshold ∈ {0.5 … 0.95}; letter with 26 classes uses the smaller "

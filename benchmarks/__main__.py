@@ -26,7 +26,7 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
         "",
         f"Bundle `{m.name}` {m.version}; measured "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.platform()} "
-        f"({os.cpu_count()} CPUs) with `python -m training.bench`.",
+        f"({os.cpu_count()} CPUs) with `python -m benchmarks`.",
         "",
         "## Lattice",
         "",
@@ -87,26 +87,26 @@ def strategies_report() -> Path:
 
 
 def main() -> None:
-    from training import (
-        bench_anytime,
-        bench_calibration,
-        bench_dag,
-        bench_extractors,
-        bench_gating,
-        bench_polydom,
-        bench_service,
+    from benchmarks import (
+        anytime,
+        calibration,
+        dag,
+        extractors,
+        gating,
+        polydom,
+        service,
     )
 
     for name, run in (
-        ("extractors", lambda: bench_extractors.main()),
-        ("polydom", lambda: bench_polydom.main()),
+        ("extractors", lambda: extractors.main()),
+        ("polydom", lambda: polydom.main()),
         ("digits", digits_report),
         ("strategies", strategies_report),
-        ("anytime (synthetic)", lambda: bench_anytime.main()),
-        ("calibration", lambda: bench_calibration.main()),
-        ("dag", lambda: bench_dag.main()),
-        ("gating", lambda: bench_gating.main()),
-        ("service", lambda: bench_service.main()),
+        ("anytime (synthetic)", lambda: anytime.main()),
+        ("calibration", lambda: calibration.main()),
+        ("dag", lambda: dag.main()),
+        ("gating", lambda: gating.main()),
+        ("service", lambda: service.main()),
     ):
         t0 = time.perf_counter()
         run()

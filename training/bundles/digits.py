@@ -46,7 +46,7 @@ from service.bundle import (
 )
 from service.extractors.base import Extractor, create_extractor
 from training.executor import INLINE, Executor
-from training.export import export_classifier, verify_export
+from training.export.sklearn import export_classifier, verify_export
 from training.greedy import VARIANTS as GREEDY_VARIANTS
 from training.greedy import GreedySequences
 from training.learners import default_learner
@@ -136,7 +136,7 @@ def digits_features(
     """Render each scikit-learn digit once at a side drawn from ``sides`` and extract."""
     from sklearn.datasets import load_digits
 
-    from training.digits import render_digit
+    from training.data.digits import render_digit
 
     digits = load_digits()
     images8 = np.asarray(digits.images, dtype=np.float64)

@@ -1,7 +1,7 @@
 """Gating (paper 001) from fitted estimators to operating points: sweep, Pareto set, ONNX.
 
-A fitted gated system (:class:`training.adapt.AdaptLin`, :class:`training.adapt.L1Baseline`,
-:class:`training.adapt_gbrt.AdaptGbrt`, GreedyMiser) becomes one operating point of a bundle's
+A fitted gated system (:class:`training.gating.adapt.AdaptLin`, :class:`training.gating.adapt.L1Baseline`,
+:class:`training.gating.gbrt.AdaptGbrt`, GreedyMiser) becomes one operating point of a bundle's
 ``gating`` strategy: a gate g over its own columns (ONNX, one score; above ``threshold`` the
 item goes to f0), a low-cost model f1 over its own columns (ONNX probabilities, or a constant
 prior when it uses none) and the shared high-cost model f0. Every exported graph is checked
@@ -23,10 +23,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from training.adapt import AdaptLin, FittedF0, L1Baseline
-from training.adapt_gbrt import AdaptGbrt
 from training.executor import INLINE, Executor
-from training.export import ATOL, export_classifier
+from training.export.sklearn import ATOL, export_classifier
+from training.gating import AdaptGbrt, AdaptLin, FittedF0, L1Baseline
 
 FloatArray = npt.NDArray[np.float64]
 Gated = AdaptLin | L1Baseline | AdaptGbrt

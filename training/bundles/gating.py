@@ -28,12 +28,12 @@ from service.bundle import (
     ModelSpec,
     write_manifest,
 )
-from training.adapt import FittedF0
-from training.adapt_gbrt import default_gbrt_f0
-from training.build import bundle_version, provenance, staging
+from training.bundles.digits import bundle_version, provenance, staging
+from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
-from training.export import onnx_probabilities
-from training.gating import (
+from training.export.sklearn import onnx_probabilities
+from training.gating import FittedF0, default_gbrt_f0
+from training.gating.sweep import (
     METHODS,
     Config,
     ExportedModel,
@@ -47,7 +47,6 @@ from training.gating import (
     tolerant_deviation,
     verify_system,
 )
-from training.tabular import TabularSpec, column_positions, fingerprint
 
 F0_KINDS = ("lightgbm", "random-forest", "rbf-svm")
 

@@ -119,7 +119,7 @@ def _floor(client: _Client, count: int) -> list[float]:
 def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> Path:
     from sklearn.datasets import load_digits
 
-    from training.digits import render_digit
+    from training.data.digits import render_digit
 
     port = _free_port()
     env = dict(os.environ, BUDGETSERVE_PORT=str(port), BUDGETSERVE_HOST="127.0.0.1",
@@ -174,7 +174,7 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
         "# Service overhead under HTTP load",
         "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.platform()} "
-        f"({os.cpu_count()} CPUs), `python -m training.bench_service`: one uvicorn worker, "
+        f"({os.cpu_count()} CPUs), `python -m benchmarks.service`: one uvicorn worker, "
         "in-process cache, client in a separate process on loopback (`http.client`, "
         f"keep-alive), {requests} requests per row after 50 warm-up requests.",
         "",

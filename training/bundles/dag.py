@@ -28,11 +28,9 @@ from service.bundle import (
     model_id_for,
     write_manifest,
 )
-from training.build import bundle_version, provenance, staging
+from training.bundles.digits import bundle_version, provenance, staging
 from training.dag import DagClassifier, sweep
-from training.executor import INLINE, Executor
-from training.export import export_classifier, onnx_probabilities, verify_export
-from training.tabular import (
+from training.data.tabular import (
     TabularSpec,
     column_positions,
     fingerprint,
@@ -40,6 +38,8 @@ from training.tabular import (
     sensor_extractors,
     tabular_item,
 )
+from training.executor import INLINE, Executor
+from training.export.sklearn import export_classifier, onnx_probabilities, verify_export
 
 __all__ = ["DagBuildResult", "DagExportMismatch", "DagSpec", "build_dag_bundle", "read_csv"]
 

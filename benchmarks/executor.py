@@ -1,6 +1,6 @@
 """Wall time of the parallel training work on each executor, and proof that the outputs match.
 
-``python -m training.bench_executor [--rows N] [--n-jobs J] [--address HOST:PORT]`` builds the
+``python -m benchmarks.executor [--rows N] [--n-jobs J] [--address HOST:PORT]`` builds the
 digits Poly-Dom bundle (all seven extractors, N rendered digits, the cost curves of
 ``models/digits`` so that no profiling runs) and a DAG bundle (the router problem, eight cost
 scales) inline, on J joblib workers and on Ray (a local instance with J CPUs, or the cluster at
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from service.bundle import read_manifest
-from training.build import BuildConfig, build_bundle
-from training.dag_bundle import DagSpec, build_dag_bundle
-from training.dag_data import make_router_data
+from training.bundles.dag import DagSpec, build_dag_bundle
+from training.bundles.digits import BuildConfig, build_bundle
+from training.data.synthetic import make_router_data
 from training.executor import Executor, make_executor
 
 ROOT = Path(__file__).resolve().parents[1]
