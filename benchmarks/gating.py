@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import RandomForestClassifier
 
-from benchmarks.dag import DATA, Split, load_letter, load_miniboone
+from training.data.uci import DATA, Split, load_letter, load_miniboone
 from training.gating import FittedF0
 from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
 

@@ -31,7 +31,7 @@ from service.bundle import (
     model_id_for,
     write_manifest,
 )
-from training.bundles.digits import provenance, staging
+from training.bundles.writer import provenance, staging
 from training.data.tabular import sensor_extractors, tabular_item
 from training.export.sklearn import export_classifier, verify_export
 

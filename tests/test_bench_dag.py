@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 from benchmarks import dag as b
+from training.data import uci
 from training.data.synthetic import make_informative_data, make_many_sensor_data
 
 SCALES = (0.0, 0.01, 0.1, 1.0)
 
 
-def _split(X: np.ndarray, y: np.ndarray) -> b.Split:
+def _split(X: np.ndarray, y: np.ndarray) -> uci.Split:
     n = X.shape[0] // 3
-    return b.Split(X[:n], y[:n], X[n : 2 * n], y[n : 2 * n], X[2 * n :], y[2 * n :])
+    return uci.Split(X[:n], y[:n], X[n : 2 * n], y[n : 2 * n], X[2 * n :], y[2 * n :])
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +108,8 @@ def test_alg2_groups_and_report(tmp_path: Path) -> None:
 
 
 def test_missing_data_is_skipped(tmp_path: Path) -> None:
-    assert b.load_letter(tmp_path) is None
-    assert b.load_pima(tmp_path) is None
-    assert b.load_miniboone(tmp_path) is None
+    assert uci.load_letter(tmp_path) is None
+    assert uci.load_pima(tmp_path) is None
+    assert uci.load_miniboone(tmp_path) is None
     found, skipped = b.datasets(tmp_path)
     assert found == [] and len(skipped) == 3

@@ -15,19 +15,17 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from service.bundle import GatingStrategy, read_manifest
 from training.bundles.gating import GatingSpec, build_gating_bundle
-from training.gating import AdaptGbrt, AdaptLin, FittedF0, L1Baseline, greedy_miser
-from training.gating.sweep import (
-    Config,
+from training.export.gating import (
     ExportedModel,
     GatingExportMismatch,
     export_f0,
     export_system,
     lightgbm_onnx,
-    pareto,
     select_columns,
-    sweep,
     verify_system,
 )
+from training.gating import AdaptGbrt, AdaptLin, FittedF0, L1Baseline, greedy_miser
+from training.gating.sweep import Config, pareto, sweep
 
 
 def _data(n_classes: int, n: int = 900, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -330,7 +328,7 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
 
 
 def test_export_check_forgives_a_float32_threshold_collision_but_not_a_wrong_export() -> None:
-    from training.gating.sweep import FLOAT32_FLIPS, tolerant_deviation
+    from training.export.gating import FLOAT32_FLIPS, tolerant_deviation
 
     rng = np.random.default_rng(0)
     expected = rng.dirichlet(np.ones(3), size=1000)

@@ -219,9 +219,9 @@ def _build_tabular(
 ) -> tuple[S, R, Path]:
     """Read a spec and its CSV, build the bundle into ``out`` (default models/<name>) on the
     executor; bad specs, data or export checks end the command with what was wrong."""
-    from training.bundles.dag import DagExportMismatch
     from training.data.tabular import read_csv
-    from training.gating.sweep import GatingExportMismatch
+    from training.export.dag import DagExportMismatch
+    from training.export.gating import GatingExportMismatch
 
     try:
         spec = load(spec_path)

@@ -28,25 +28,20 @@ from service.bundle import (
     ModelSpec,
     write_manifest,
 )
-from training.bundles.digits import bundle_version, provenance, staging
+from training.bundles.writer import bundle_version, provenance, staging
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
-from training.export.sklearn import onnx_probabilities
-from training.gating import FittedF0, default_gbrt_f0
-from training.gating.sweep import (
-    METHODS,
-    Config,
+from training.export.gating import (
     ExportedModel,
-    SweepPoint,
-    default_grid,
     export_f0,
     export_system,
-    pareto,
-    sweep,
     system_outputs,
     tolerant_deviation,
     verify_system,
 )
+from training.export.sklearn import onnx_probabilities
+from training.gating import FittedF0, default_gbrt_f0
+from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
 
 F0_KINDS = ("lightgbm", "random-forest", "rbf-svm")
 
