@@ -40,7 +40,7 @@ PICKS = (6, 12, 18)
 REQUESTS = 300
 EPSILON = 0.01
 #: Budgets are nudged up by this relative amount so none sits exactly on a set's cost, where
-#: float rounding of the sums (not the strategies) would decide (see tests/test_simulate.py).
+#: float rounding of the sums (not the strategies) would decide (see tests/training/test_simulate.py).
 NUDGE = 1e-9
 
 LABELS = {

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 if TYPE_CHECKING:
-    from tests.gating_bundle import GatingFixture
+    from tests.support.gating_bundle import GatingFixture
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_BUNDLE = ROOT / "models" / "digits"
@@ -138,7 +138,7 @@ def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gating_bundle(tmp_path_factory: pytest.TempPathFactory) -> GatingFixture:
     """A real gating bundle (paper 001's format; tabular, declared costs): a gate on a cheap
     sensor choosing between a low-cost and a high-cost model (see tests/gating_bundle.py)."""
-    from tests.gating_bundle import build_gating_bundle
+    from tests.support.gating_bundle import build_gating_bundle
 
     return build_gating_bundle(tmp_path_factory.mktemp("gating") / "gating")
 

@@ -40,7 +40,7 @@ from training.executor import (
 )
 from training.polydom import PolyDom
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXTRACTORS = ("thumbnail", "histogram", "projection", "hog")
 COSTS = np.array([[0.01, 0.0], [0.01, 1e-6], [0.02, 2e-6], [0.05, 2e-5]])
 SCALES = [0.0, 0.03, 0.3, 1.0]
