@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 
+from service.types import FloatArray
 from training.dag import DagClassifier, sweep
 from training.data.uci import (
     DATA,
@@ -54,7 +55,6 @@ from training.data.uci import (
     load_pima,
 )
 
-FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
 ROOT = Path(__file__).resolve().parents[1]

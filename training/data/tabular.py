@@ -18,9 +18,9 @@ import numpy.typing as npt
 from sklearn.model_selection import train_test_split
 
 from service.bundle import CostPolynomial, ExtractorSpec, ItemSpec
+from service.types import FloatArray
 
 S = TypeVar("S", bound="TabularSpec")
-FloatMatrix = npt.NDArray[np.float64]
 
 
 @dataclass
@@ -106,8 +106,8 @@ class TabularSpec:
         return tabular_item(self.sensors)
 
     def split(
-        self, x: FloatMatrix, y: npt.NDArray[Any]
-    ) -> tuple[FloatMatrix, FloatMatrix, FloatMatrix, npt.NDArray[Any], npt.NDArray[Any],
+        self, x: FloatArray, y: npt.NDArray[Any]
+    ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[Any], npt.NDArray[Any],
                npt.NDArray[Any]]:
         """Stratified train / validation / test rows: x_train, x_val, x_test, y_train, ..."""
         x_rest, x_test, y_rest, y_test = train_test_split(
@@ -141,7 +141,7 @@ def sensor_extractors(
     ]
 
 
-def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatMatrix, npt.NDArray[Any], list[str]]:
+def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatArray, npt.NDArray[Any], list[str]]:
     """The sensor columns as floats, the label column as strings, and the column names."""
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
@@ -180,7 +180,7 @@ def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatMatrix, npt.NDArray[An
     return x, y, needed
 
 
-def fingerprint(x: FloatMatrix, y: npt.NDArray[Any]) -> str:
+def fingerprint(x: FloatArray, y: npt.NDArray[Any]) -> str:
     h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
     h.update("\n".join(map(str, y)).encode())
     return "sha256:" + h.hexdigest()

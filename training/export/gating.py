@@ -22,10 +22,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from service.types import FloatArray
 from training.export.sklearn import ATOL, export_classifier
 from training.gating import AdaptGbrt, AdaptLin, L1Baseline
 
-FloatArray = npt.NDArray[np.float64]
 Gated = AdaptLin | L1Baseline | AdaptGbrt
 _OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
 

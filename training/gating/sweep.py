@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from service.strategies.base import pareto as service_pareto
 from service.types import FloatArray
 from training.executor import INLINE, Executor
 from training.export.gating import Gated
@@ -192,8 +193,7 @@ def _with(est: G, **routing: Any) -> G:
 def pareto(points: Sequence[SweepPoint]) -> list[SweepPoint]:
     """The points no other point beats on validation (cheaper and at least as accurate):
     sorted by cost, accuracy strictly rising."""
-    out: list[SweepPoint] = []
-    for p in sorted(points, key=lambda p: (p.val_cost, -p.val_accuracy)):
-        if not out or p.val_accuracy > out[-1].val_accuracy:
-            out.append(p)
-    return out
+    pts = list(points)
+    # service's pareto breaks ties on the id: zero-padded positions keep the given order.
+    kept = service_pareto((p.val_cost, p.val_accuracy, f"{i:09d}") for i, p in enumerate(pts))
+    return [pts[int(key)] for _, _, key in kept]

@@ -37,7 +37,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from service.types import FloatArray
+
 Evaluate = Callable[[int], float]
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from service.types import FloatArray, horner
+
 IntArray = npt.NDArray[np.int64]
 
 #: Relative tolerance under which two cost values (or derivatives) count as equal.
@@ -46,14 +47,6 @@ def set_costs(masks: IntArray | Sequence[int], costs: FloatArray) -> FloatArray:
     for j in range(costs.shape[0]):
         out += np.where(bits[:, j : j + 1], costs[j], 0.0)
     return out
-
-
-def horner(c: Coeffs, t: float) -> float:
-    """Evaluate one polynomial at ``t``."""
-    v = 0.0
-    for k in range(len(c) - 1, -1, -1):
-        v = v * t + c[k]
-    return v
 
 
 def derivative_at(c: Coeffs, k: int, t: float) -> tuple[float, float]:
@@ -144,7 +137,7 @@ def dominates_on(f: Coeffs, g: Coeffs, lo: float, hi: float) -> bool:
     for p in points:
         _, sf = derivative_at(f, 0, p)
         _, sg = derivative_at(g, 0, p)
-        if horner(d, p) < -DOM_TOL * (sf + sg):
+        if float(horner(d, p)) < -DOM_TOL * (sf + sg):
             return False
     return True
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from service.types import FloatArray
 from training.greedy import (
     VARIANTS,
     GreedySequences,
@@ -17,7 +18,6 @@ from training.greedy import (
     greedy_acc,
     greedy_cost,
 )
-from training.polydom.poly import FloatArray
 from training.polydom.synthetic import (
     SIZE_DOMAIN,
     SyntheticWorkload,

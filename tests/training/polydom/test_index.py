@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from service.strategies.polydom_index import naive_lookup
+from service.types import FloatArray
 from training.polydom import build_index, index_all, index_all_size, skyline_at
-from training.polydom.poly import FloatArray
 from training.polydom.synthetic import random_costs
 
 DOMAIN = (1.0, 1000.0)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from service.types import FloatArray
 from training.polydom import PolyDom, expand_all, expand_polydom, set_costs
-from training.polydom.poly import FloatArray
 from training.polydom.synthetic import (
     SIZE_DOMAIN,
     combiner_accuracies,
