@@ -40,7 +40,8 @@ PICKS = (6, 12, 18)
 REQUESTS = 300
 EPSILON = 0.01
 #: Budgets are nudged up by this relative amount so none sits exactly on a set's cost, where
-#: float rounding of the sums (not the strategies) would decide (see tests/training/test_simulate.py).
+#: float rounding of the sums (not the strategies) would decide
+#: (see tests/training/test_simulate.py).
 NUDGE = 1e-9
 
 LABELS = {
@@ -296,7 +297,8 @@ def render(configs: Sequence[Config], elapsed_s: float, images: Sequence[Path]) 
         f"(×{np.exp(Z95 * 0.5):.3f} at σ = 0.5), as a real bundle profiled at the 95th "
         "percentile. Poly-Dom (ε = 0.01, δ = 0) and Greedy / Greedy-Acc / Greedy-Cost "
         "(`training.greedy`, reference size √1000 ≈ 31.6) are fitted on those p95 curves "
-        "and turned into a real manifest by `training.bundles.digits.make_strategies`; the requests "
+        "and turned into a real manifest by `training.bundles.digits.make_strategies`; "
+        "the requests "
         "run through the service's own runtimes (`service/strategies`) in a loop that "
         "mirrors `service/execution.py` (plan with the budget; before every step, "
         "spent > budget → fallback to the best model in hand; reserve 0).",

@@ -26,7 +26,7 @@ IntArray = NDArray[np.int64]
 
 
 class NotFittedError(_SklearnNotFitted, RuntimeError):  # type: ignore[misc]
-    """An estimator used before ``fit``: scikit-learn's ``NotFittedError`` and a ``RuntimeError``."""
+    """An estimator used before ``fit``: scikit-learn's ``NotFittedError``, a ``RuntimeError``."""
 
 
 def check_fitted(estimator: Any, attributes: str | list[str] | None = None) -> None:

@@ -7,6 +7,10 @@ The steps, each usable on its own:
 3. :class:`LatticeEvaluator` — the black box a(F): cross-validated accuracy of the learner on F.
 4. :func:`build_bundle` — Poly-Dom over the lattice, ONNX export of the candidates (checked
    against the fitted models), index and manifest written to ``models/<name>/``.
+
+About 490 lines: it stays whole because these steps and the strategies they emit
+(:func:`make_strategies`) are the one Poly-Dom digits pipeline; what other builders share
+(staging, version, provenance) is in :mod:`training.bundles.writer`.
 """
 
 from __future__ import annotations

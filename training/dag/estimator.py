@@ -32,7 +32,7 @@ Model
   (real, unscaled) is a hard cap: when the chosen acquisition does not fit in what is left, the
   walk stops and classifies at the current state.
 
-The estimator is one class of about 430 lines (fit, Graph-Reduce, the budgeted walk, export
+The estimator is one class of about 450 lines (fit, Graph-Reduce, the budgeted walk, export
 of its policies); it stays whole because its methods share the fitted state; Alg. 2
 (:mod:`training.dag.subsets`), the filter trees (:mod:`training.dag.policies`) and the sweep
 (:mod:`training.dag.sweep`) live beside it.

@@ -22,9 +22,10 @@ since costs have non-negative coefficients, c_F <= c_H everywhere: H is ε-domin
 Batches: within a layer, whether a set is expanded depends only on the expansions made before
 the layer (the sandwich check reads the DP tables, refreshed once per layer), so each layer's
 expansions, and each closure round's, are independent. An ``evaluate`` with a
-``prefetch(masks)`` method (:class:`BatchEvaluate`, e.g. ``training.bundles.digits.LatticeEvaluator``
-on a parallel executor) is handed each such batch before its sets are expanded, in the order
-they are expanded; the traversal and its result are the same with or without it.
+``prefetch(masks)`` method (:class:`BatchEvaluate`, e.g.
+``training.bundles.digits.LatticeEvaluator`` on a parallel executor) is handed each such batch
+before its sets are expanded, in the order they are expanded; the traversal and its result are
+the same with or without it.
 """
 
 from __future__ import annotations
