@@ -12,8 +12,6 @@ requests: the share over budget, and the accuracy.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import machine, measured_at, prose
 from service.items import DecodedItem
 from service.registry import CalibrationSettings, load_bundle
 from service.settings import Settings
@@ -107,26 +106,12 @@ def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
 
     windows = [(s, min(s + window, requests)) for s in range(0, requests, window)]
     head = " | ".join(f"{a + 1}–{b}" for a, b in windows)
-    lines = [
-        "# Live cost calibration on a mis-profiled bundle",
-        "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.platform()} ({os.cpu_count()} CPUs) with "
-        "`python -m benchmarks.calibration`.",
-        "",
-        f"The digits bundle's cost curves were scaled by {SCALE} (as if profiled on a machine "
-        f"{1 / SCALE:.1f}× faster). {requests} held-out digits at sides 32–256 px with budgets "
-        f"log-uniform in [{LOW:g}, {HIGH:g}] ms were served in the same order through the "
-        "serving code path (`service.execution.execute`, 0.5 ms overhead reserve), each "
-        "configuration starting from a freshly loaded bundle. Calibration: per extractor and "
-        "size bucket (powers of 2 of n), the p95 of measured/profiled time over the last 256 "
-        "samples, used once a bucket has 30 samples (else the extractor-wide estimate, else "
-        "the median over extractors). *Expected accuracy* is the cross-validated accuracy of "
-        "the models "
-        "that answered (less noisy than the test accuracy of 600 items).",
-        "",
-        f"Share of requests over budget per window of {window} requests:",
-        "",
+    lines = prose(
+        "calibration", measured_at=measured_at(), machine=machine(), scale=SCALE,
+        speedup=f"{1 / SCALE:.1f}", requests=requests, low=f"{LOW:g}", high=f"{HIGH:g}",
+        window=window,
+    )
+    lines += [
         f"| strategy | configuration | {head} | overall | test accuracy "
         f"| expected accuracy (last {requests // 2}) | calibrated from request |",
         "|---|---|" + "---|" * len(windows) + "---|---|---|---|",

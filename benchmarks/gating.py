@@ -13,8 +13,6 @@ test accuracy and cost are reported, so the selection is not tuned on test rows.
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.ensemble import RandomForestClassifier
 
+from benchmarks.report import machine, measured_at, prose
 from training.data.uci import DATA, Split, load_letter, load_miniboone
 from training.gating import FittedF0
 from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
@@ -136,28 +135,7 @@ def _fmt(p: SweepPoint | None, full: int) -> str:
 
 
 def report(runs: Sequence[DatasetRun]) -> list[str]:
-    lines = [
-        "# Gating: ADAPT-GBRT, ADAPT-LIN, L1 baseline, GreedyMiser (paper 001)",
-        "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
-        f"{platform.platform()} ({os.cpu_count()} CPUs) with `python -m benchmarks.gating`"
-        " (part of `make bench`). Unit feature costs; f0 is a 200-tree random forest on all "
-        "features (the paper's f0 for these figures). Each method sweeps its grid "
-        "(`training.gating.sweep.default_grid`: ADAPT-GBRT P_full ∈ {0.1, 0.3, 0.5} × λ ∈ {0.0003 "
-        "… 0.03}, 30 rounds of 10 trees with 31 leaves per ensemble; GreedyMiser λ ∈ {0.0003 … "
-        "0.1}; ADAPT-LIN P_full ∈ {0.2, 0.4, 0.6} × γ ∈ {0.003 … 0.1}; L1 baseline C ∈ {0.003 "
-        "… 1} × gate threshold ∈ {0.5 … 0.95}; letter with 26 classes uses the smaller "
-        "`LETTER26_GRID` and 20 rounds of 16-leaf trees); ADAPT-GBRT and ADAPT-LIN points "
-        "come with both routing rules (the "
-        "paper's g > 0, `zero`, and `expected`, which routes the training fraction mean(q)). "
-        "Curves are each method's validation Pareto set, plotted with test numbers.",
-        "",
-        "**Cost reduction within 1 % of f0.** For each method: the cheapest Pareto point whose "
-        "*validation* accuracy is within 1 % of f0's validation accuracy; its *test* cost and "
-        "accuracy. The paper reports ≈ 31 % (Letters, binary) and ≈ 63 % (MiniBooNE, full "
-        "130k-row set) for ADAPT-GBRT.",
-        "",
-    ]
+    lines = prose("gating", measured_at=measured_at(), machine=machine())
     for run in runs:
         full = run.n_features
         lines += [

@@ -13,7 +13,6 @@ import http.client
 import io
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from benchmarks.report import machine, measured_at, prose
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,23 +171,11 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
         server.terminate()
         server.wait(timeout=30)
 
-    lines = [
-        "# Service overhead under HTTP load",
-        "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.platform()} "
-        f"({os.cpu_count()} CPUs), `python -m benchmarks.service`: one uvicorn worker, "
-        "in-process cache, client in a separate process on loopback (`http.client`, "
-        f"keep-alive), {requests} requests per row after 50 warm-up requests.",
-        "",
-        "*Overhead* = client-observed latency − extraction time the service reports: HTTP, "
-        "JSON, PNG decoding, planning, cache lookup, thread hand-off, ONNX inference. "
-        "*spent − extraction* is the part of that overhead counted against the budget "
-        "(cache read, planning, inference).",
-        "",
-        f"Floor: `GET /healthz` takes {np.percentile(floor, 50):.2f} ms p50 / "
-        f"{np.percentile(floor, 99):.2f} ms p99 on this machine (uvicorn + FastAPI + client, "
-        "no work).",
-        "",
+    lines = prose(
+        "service", measured_at=measured_at(), machine=machine(), requests=requests,
+        floor_p50=f"{np.percentile(floor, 50):.2f}", floor_p99=f"{np.percentile(floor, 99):.2f}",
+    )
+    lines += [
         "| scenario | latency p50 ms | latency p99 ms | extraction p50 ms | overhead p50 ms "
         "| overhead p99 ms | spent − extraction p50 ms | spent > budget | errors |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -200,14 +189,7 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
             f"{np.percentile(np.asarray(s.spent_ms) - ext, 50):.2f} | "
             f"{s.overruns}/{len(lat)} | {s.errors} |"
         )
-    lines += [
-        "",
-        "With 4 concurrent clients on 2 cores, at most one request per CPU extracts at a "
-        "time (`BUDGETSERVE_EXTRACTION_THREADS`); the others wait for a thread, which their "
-        "latency (and so the overhead column) includes but their `spent` does not "
-        "(it is reported as `cost.queued`). The load generator shares the 2 cores.",
-        "",
-    ]
+    lines += prose("service-notes")
     path = ROOT / out_path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
