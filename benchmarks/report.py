@@ -2,14 +2,16 @@
 
 The prose of a report (its title, what was measured and how, how to read it) is Markdown in
 ``benchmarks/templates/<name>.md``, beside the code; ``${name}`` placeholders are the numbers and
-settings the benchmark fills in (:class:`string.Template` syntax, ``$$`` for a dollar sign). The
-tables and plots stay in the benchmark's module, which appends them to the rendered prose.
+settings the benchmark fills in (:class:`string.Template` syntax, ``$$`` for a dollar sign), and
+``<!-- part: NAME -->`` lines separate the prose that goes between or after the tables. The
+tables and plots stay in the benchmark's module, which puts them between the rendered parts.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from string import Template
@@ -30,10 +32,18 @@ def machine() -> str:
     return f"{platform.platform()} ({os.cpu_count()} CPUs)"
 
 
-def prose(name: str, **values: object) -> list[str]:
-    """The template ``benchmarks/templates/<name>.md`` with ``values`` filled in, as lines (its
-    final newline dropped, so that a report's tables can follow). A placeholder without a
-    value raises ``KeyError`` naming it."""
+PART = re.compile(r"^<!-- part: ([\w-]+) -->\n", re.MULTILINE)
+
+
+def prose(name: str, part: str = "intro", **values: object) -> list[str]:
+    """One part of the template ``benchmarks/templates/<name>.md`` with ``values`` filled in, as
+    lines (its final newline dropped, so that a report's tables can follow). A template's first
+    part is ``intro``; a line ``<!-- part: NAME -->`` starts the next one (the prose that goes
+    after a table). A placeholder without a value raises ``KeyError`` naming it."""
     text = (TEMPLATES / f"{name}.md").read_text(encoding="utf-8")
-    filled = Template(text).substitute({k: str(v) for k, v in values.items()})
+    pieces = PART.split(text)
+    parts = {"intro": pieces[0], **dict(zip(pieces[1::2], pieces[2::2], strict=True))}
+    if part not in parts:
+        raise KeyError(f"template {name}.md has no part {part!r}; it has {sorted(parts)}")
+    filled = Template(parts[part]).substitute({k: str(v) for k, v in values.items()})
     return filled.removesuffix("\n").split("\n")

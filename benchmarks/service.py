@@ -189,7 +189,7 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
             f"{np.percentile(np.asarray(s.spent_ms) - ext, 50):.2f} | "
             f"{s.overruns}/{len(lat)} | {s.errors} |"
         )
-    lines += prose("service-notes")
+    lines += prose("service", "notes")
     path = ROOT / out_path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
