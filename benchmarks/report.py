@@ -35,7 +35,7 @@ def machine() -> str:
 PART = re.compile(r"^<!-- part: ([\w-]+) -->\n", re.MULTILINE)
 
 
-def prose(name: str, part: str = "intro", **values: object) -> list[str]:
+def prose(name: str, part: str = "intro", /, **values: object) -> list[str]:
     """One part of the template ``benchmarks/templates/<name>.md`` with ``values`` filled in, as
     lines (its final newline dropped, so that a report's tables can follow). A template's first
     part is ``intro``; a line ``<!-- part: NAME -->`` starts the next one (the prose that goes
