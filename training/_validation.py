@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy.sparse import issparse
 from sklearn.exceptions import NotFittedError as _SklearnNotFitted
+from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted
 
 from service.types import FloatArray
@@ -68,12 +70,20 @@ def check_nonneg(value: object, name: str) -> float:
     return v
 
 
-def check_positive(value: object, name: str) -> float:
-    """A finite real number > 0."""
-    if not _is_real(value) or not (math.isfinite(float(value)) and float(value) > 0):  # type: ignore[arg-type]
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}; "
-                         f"pass a positive value such as {name}=1.0")
+def check_number(value: object, name: str, *, strict: bool = False) -> float:
+    """A finite real number >= 0 (> 0 with ``strict``); ``ValueError`` for anything else."""
+    bound = "> 0" if strict else ">= 0"
+    ok = _is_real(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    if not ok or not (float(value) > 0 if strict else float(value) >= 0):  # type: ignore[arg-type]
+        example = "1.0" if strict else "0.0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}; "
+                         f"pass a number such as {name}={example}")
     return float(value)  # type: ignore[arg-type]
+
+
+def check_positive(value: object, name: str) -> float:
+    """A finite real number > 0; ``ValueError`` for anything else."""
+    return check_number(value, name, strict=True)
 
 
 def check_pos_int(value: object, name: str, minimum: int = 1) -> int:
@@ -87,34 +97,55 @@ def check_pos_int(value: object, name: str, minimum: int = 1) -> int:
     return v
 
 
-def check_X(X: ArrayLike, n_features: int | None = None) -> FloatArray:
-    """A finite 2-D float array with rows (and ``n_features`` columns when given)."""
-    arr = np.asarray(X, dtype=np.float64)
+def check_X(
+    X: ArrayLike, n_features: int | None = None, estimator: str = "the model"
+) -> FloatArray:
+    """A finite 2-D dense float array with rows (and ``n_features`` columns when given)."""
+    if issparse(X):
+        raise TypeError(f"{estimator} does not accept sparse input (found {type(X).__name__}); "
+                        "pass a dense array, e.g. X.toarray()")
+    raw = np.asarray(X)
+    if np.iscomplexobj(raw):
+        raise ValueError("Complex data not supported: X holds complex numbers; pass their "
+                         "real part (X.real) or their magnitude (abs(X)) instead")
+    arr = np.asarray(raw, dtype=np.float64)
     if arr.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {arr.shape}; "
-                         "reshape a single sample with X.reshape(1, -1)")
+                         "Reshape your data with X.reshape(-1, 1) if it has a single feature "
+                         "or X.reshape(1, -1) if it is a single sample")
     if arr.shape[0] == 0:
         raise ValueError("X has no rows; at least one sample is required")
     if not np.all(np.isfinite(arr)):
         raise ValueError("X contains NaN or infinity; impute or drop those values first")
     if n_features is not None and arr.shape[1] != n_features:
-        raise ValueError(f"X has {arr.shape[1]} features, the model was fitted with "
-                         f"{n_features}; pass the columns it was fitted on")
+        raise ValueError(f"X has {arr.shape[1]} features, but {estimator} is expecting "
+                         f"{n_features} features as input (the model was fitted with "
+                         f"{n_features}); pass the columns it was fitted on")
     return arr
 
 
-def check_Xy(X: ArrayLike, y: ArrayLike) -> tuple[FloatArray, NDArray[Any], IntArray]:
-    """:func:`check_X`, and ``y`` 1-D with one label per row and at least two classes: returns
+def check_Xy(
+    X: ArrayLike, y: ArrayLike | None, estimator: str = "the model"
+) -> tuple[FloatArray, NDArray[Any], IntArray]:
+    """:func:`check_X`, and ``y`` 1-D class labels, one per row, at least two classes: returns
     ``(X, classes, y as class indices)``."""
-    Xa = check_X(X)
+    if y is None:
+        raise ValueError(f"{estimator} requires y to be passed, but the target y is None; "
+                         "pass one class label per row of X")
+    Xa = check_X(X, estimator=estimator)
     ya = np.asarray(y)
     if ya.ndim != 1 or ya.shape[0] != Xa.shape[0]:
         raise ValueError(
             f"y must be 1-D with one label per row of X ({Xa.shape[0]}), got shape {ya.shape}"
         )
+    if ya.dtype.kind == "f" and not np.all(np.isfinite(ya)):
+        raise ValueError("Input y contains NaN or infinity; drop those rows or give them a label")
+    if type_of_target(ya) == "continuous":
+        raise ValueError("Unknown label type: continuous. y holds non-integer numbers, a "
+                         "regression target; a classifier needs class labels (ints, strings)")
     classes, y_idx = np.unique(ya, return_inverse=True)
     if classes.size < 2:
-        raise ValueError(f"y must contain at least two classes, got {classes.size}; "
+        raise ValueError(f"y must contain at least two classes, got {classes.size} class; "
                          "a classifier needs examples of two labels or more")
     return Xa, classes, y_idx.astype(np.int64)
 

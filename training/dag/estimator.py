@@ -49,9 +49,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.exceptions import NotFittedError
+from sklearn.base import BaseEstimator, ClassifierMixin
 
 from service.types import FloatArray
+from training._validation import check_fitted, check_number, check_positive
 from training.dag.policies import (
     _BankJob,
     _constant_path,
@@ -76,7 +77,7 @@ from training.dag.subsets import SubsetSelection, select_subsets
 from training.executor import INLINE, Executor
 
 
-class DagClassifier:
+class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     """Adaptive sensor-acquisition DAG trained by Graph-Reduce (see the module docstring).
 
     Parameters
@@ -129,46 +130,14 @@ class DagClassifier:
         self.folds = folds
         self.random_state = random_state
 
-    _PARAMS = (
-        "sensors",
-        "costs",
-        "cost_scale",
-        "n_subsets",
-        "subset_budget",
-        "C",
-        "policy_C",
-        "folds",
-        "random_state",
-    )
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._PARAMS}
-
-    def set_params(self, **params: Any) -> DagClassifier:
-        for name, value in params.items():
-            if name not in self._PARAMS:
-                raise ValueError(f"unknown parameter {name!r}; valid: {list(self._PARAMS)}")
-            setattr(self, name, value)
-        return self
-
     # ---------------------------------------------------------------- validation
 
     def _check_params(self) -> tuple[list[str], list[list[int]], FloatArray]:
         names, columns, cost_arr = _validate_sensors(self.sensors, self.costs)
 
-        def positive(name: str, value: Any) -> None:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-                math.isfinite(float(value)) and float(value) > 0
-            ):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-        cs = self.cost_scale
-        if isinstance(cs, bool) or not isinstance(cs, numbers.Real) or not (
-            math.isfinite(float(cs)) and float(cs) >= 0
-        ):
-            raise ValueError(f"cost_scale must be a finite number >= 0, got {cs!r}")
-        positive("C", self.C)
-        positive("policy_C", self.policy_C)
+        check_number(self.cost_scale, "cost_scale")
+        check_positive(self.C, "C")
+        check_positive(self.policy_C, "policy_C")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise ValueError(f"folds must be an int >= 2, got {self.folds!r}")
         if self.n_subsets is None:
@@ -190,7 +159,7 @@ class DagClassifier:
                     f"n_subsets must be None or an int in [1, {MAX_SUBSETS}], got {t!r}"
                 )
             if self.subset_budget is not None:
-                positive("subset_budget", self.subset_budget)
+                check_positive(self.subset_budget, "subset_budget")
         return names, columns, cost_arr
 
     # ---------------------------------------------------------------- fit
@@ -332,8 +301,7 @@ class DagClassifier:
     # ---------------------------------------------------------------- states
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "policies_"):
-            raise NotFittedError("this DagClassifier is not fitted yet; call fit(X, y) first")
+        check_fitted(self, "policies_")
 
     def _sensor_mask(self, state: int) -> int:
         mask = 0
@@ -362,8 +330,7 @@ class DagClassifier:
 
     def state_columns(self, state: int) -> list[int]:
         """Columns of X seen in ``state``: its sensors' columns (sensors in declaration order)."""
-        if not hasattr(self, "_group_sensor_mask"):
-            raise NotFittedError("this DagClassifier is not fitted yet; call fit(X, y) first")
+        check_fitted(self, "_group_sensor_mask")
         mask = self._sensor_mask(state)
         return [c for i, cols in enumerate(self._sensor_columns) if mask >> i & 1 for c in cols]
 

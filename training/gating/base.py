@@ -131,7 +131,7 @@ class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
 
     def predict_proba(self, X: ArrayLike) -> FloatArray:
         """f1's class probabilities, f0's for the examples the gate routes."""
-        Xa = check_X(X, getattr(self, "n_features_in_", None))
+        Xa = check_X(X, getattr(self, "n_features_in_", None), type(self).__name__)
         return self._answer_with_f0(Xa, self.f1_proba(Xa))
 
     def _check_shared_params_(self) -> None:

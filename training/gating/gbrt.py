@@ -48,6 +48,7 @@ from scipy.special import log_softmax, softmax
 from service.types import FloatArray
 from training._validation import (
     check_costs,
+    check_fitted,
     check_nonneg,
     check_pos_int,
     check_X,
@@ -204,7 +205,7 @@ class AdaptGbrt(_GatedClassifier):
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptGbrt:
         self._validate_params_()
-        Xa, classes, y_idx = check_Xy(X, y)
+        Xa, classes, y_idx = check_Xy(X, y, type(self).__name__)
         n, k = Xa.shape
         m = classes.size
         costs = check_costs(self.feature_costs, k)
@@ -273,12 +274,11 @@ class AdaptGbrt(_GatedClassifier):
 
     # -- prediction ----------------------------------------------------------------------
     def _check_fitted(self) -> None:
-        if not hasattr(self, "f1_booster_"):
-            raise RuntimeError("this AdaptGbrt is not fitted yet; call fit(X, y) first")
+        check_fitted(self, "f1_booster_")
 
     def f1_raw(self, X: ArrayLike) -> FloatArray:
         self._check_fitted()
-        Xa = check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_, type(self).__name__)
         booster = self.f1_booster_
         assert booster is not None
         raw = np.asarray(booster.predict(Xa, raw_score=True), dtype=np.float64)
@@ -290,7 +290,7 @@ class AdaptGbrt(_GatedClassifier):
     def gate_score(self, X: ArrayLike) -> FloatArray:
         """g(x): > 0 sends the example to f0 (always ≤ 0 for GreedyMiser)."""
         self._check_fitted()
-        Xa = check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_, type(self).__name__)
         if self.gate_booster_ is None:
             return np.full(Xa.shape[0], -np.inf)
         return np.asarray(self.gate_booster_.predict(Xa, raw_score=True), dtype=np.float64)

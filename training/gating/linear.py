@@ -53,6 +53,7 @@ from sklearn.linear_model import LogisticRegression
 from service.types import FloatArray
 from training._validation import (
     check_costs,
+    check_fitted,
     check_fraction,
     check_nonneg,
     check_pos_int,
@@ -178,7 +179,7 @@ class AdaptLin(_GatedClassifier):
     # -- fitting -------------------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptLin:
         self._validate_params_()
-        Xa, classes, y_idx = check_Xy(X, y)
+        Xa, classes, y_idx = check_Xy(X, y, type(self).__name__)
         n, k = Xa.shape
         m = classes.size
         costs = check_costs(self.feature_costs, k)
@@ -332,18 +333,17 @@ class AdaptLin(_GatedClassifier):
 
     # -- prediction ----------------------------------------------------------------------
     def _check_fitted(self) -> None:
-        if not hasattr(self, "f0_"):
-            raise RuntimeError("this AdaptLin is not fitted yet; call fit(X, y) first")
+        check_fitted(self, "f0_")
 
     def gate_score(self, X: ArrayLike) -> FloatArray:
         """g(x): > 0 sends the example to f0."""
         self._check_fitted()
-        Xa = check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_, type(self).__name__)
         return np.asarray(Xa @ self.gate_coef_ + self.gate_intercept_, dtype=np.float64)
 
     def f1_proba(self, X: ArrayLike) -> FloatArray:
         self._check_fitted()
-        Xa = check_X(X, self.n_features_in_)
+        Xa = check_X(X, self.n_features_in_, type(self).__name__)
         S = Xa @ self.f1_coef_ + self.f1_intercept_
         return np.asarray(np.exp(S - logsumexp(S, axis=1, keepdims=True)), dtype=np.float64)
 
@@ -388,7 +388,7 @@ class L1Baseline(_GatedClassifier):
             raise ValueError("C must be > 0")
         check_fraction(self.gate_threshold, "gate_threshold")
         _check_f0_param(self.f0)
-        Xa, classes, y_idx = check_Xy(X, y)
+        Xa, classes, y_idx = check_Xy(X, y, type(self).__name__)
         k = Xa.shape[1]
         self.classes_ = classes
         self.n_features_in_ = k
@@ -431,9 +431,8 @@ class L1Baseline(_GatedClassifier):
         return np.asarray(self.f1_.predict(Z[:, self.selected_]), dtype=np.int64)
 
     def _z(self, X: ArrayLike) -> FloatArray:
-        if not hasattr(self, "f0_"):
-            raise RuntimeError("this L1Baseline is not fitted yet; call fit(X, y) first")
-        Xa = check_X(X, self.n_features_in_)
+        check_fitted(self, "f0_")
+        Xa = check_X(X, self.n_features_in_, type(self).__name__)
         return self.scaler_.transform(Xa)[:, : self.n_features_in_]
 
     def p_correct(self, X: ArrayLike) -> FloatArray:
