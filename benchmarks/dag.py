@@ -22,7 +22,7 @@ comparison isolates the adaptive acquisition.
 ``docs/benchmarks/dag_<dataset>.png``. Data are read from ``../shared/datasets/`` (relative to
 the repository root); a missing data set is reported and skipped.
 
-About 830 lines: it stays whole because its methods, selection rule, plots and the verdicts of
+About 780 lines: it stays whole because its methods, selection rule, plots and the verdicts of
 its report are one experiment whose parts only make sense together; its data loaders are in
 :mod:`training.data.uci`.
 """

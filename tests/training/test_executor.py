@@ -5,6 +5,9 @@ results inline, on joblib workers and on Ray (a local instance, and a cluster st
 Ray runs on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray pick 127.0.0.1 as the
 node address), with its authentication mode and token given in the environment (nothing is
 written to ~/.ray), and every process it started is gone when a test ends.
+
+About 460 lines, kept whole: every builder is checked against the same executors and the same
+Ray fixtures (a local instance, a started cluster), which a split would duplicate.
 """
 
 from __future__ import annotations
