@@ -1,6 +1,9 @@
 """Parameter and data checks shared by the estimators of ``training``, worded as scikit-learn's:
 what was found, what is required, and how to fix it.
 
+The X, y estimators (ADAPT-LIN, L1, ADAPT-GBRT, the DAG) use the number, fraction and array
+checks; the lattice methods (Poly-Dom, Greedy) the cost-polynomial and size-domain checks.
+
 Every check raises ``TypeError`` for a value of the wrong kind and ``ValueError`` for a value of
 the right kind out of range, and returns the value converted (``float``, ``int``, a float64
 array), so that an estimator's ``fit`` reads ``p = check_fraction(self.p_full, "p_full")``.
@@ -162,3 +165,38 @@ def check_costs(costs: ArrayLike | None, n_features: int) -> FloatArray:
         raise ValueError("feature_costs must be finite and >= 0; found "
                          f"{c[~(np.isfinite(c) & (c >= 0))].tolist()}")
     return c
+
+
+def check_cost_polynomials(
+    costs: ArrayLike, *, max_features: int | None = None
+) -> FloatArray:
+    """The (n_features x degree+1) cost coefficients as floats, or a ValueError saying what
+    was found and what is required."""
+    arr = np.asarray(costs, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(
+            f"costs has shape {arr.shape}; a 2-D (n_features x degree+1) array is required."
+        )
+    if max_features is not None and arr.shape[0] > max_features:
+        raise ValueError(
+            f"costs has {arr.shape[0]} features; at most {max_features} are supported."
+        )
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(
+            "costs contains negative or non-finite coefficients; finite coefficients >= 0 "
+            "are required (costs must be non-negative and non-decreasing in size)."
+        )
+    return arr
+
+
+def check_size_domain(size_domain: Any) -> tuple[float, float]:
+    """``(lo, hi)`` with finite 0 <= lo < hi, or a ValueError saying what was found."""
+    try:
+        lo, hi = (float(v) for v in size_domain)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"size_domain={size_domain!r}; a pair (lo, hi) of numbers is required."
+        ) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise ValueError(f"size_domain={size_domain!r}; finite 0 <= lo < hi is required.")
+    return lo, hi

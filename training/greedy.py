@@ -38,8 +38,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.types import FloatArray, horner
+from training._validation import check_cost_polynomials, check_size_domain
 from training.polydom.lattice import prefetcher
-from training.polydom.poly import check_costs, check_domain
 
 #: Decades k of the default positive grid λ_k = 10**k / (typical feature cost at n_ref):
 #: from λ·Δcost ≈ 0.001 (accuracy dominates) to ≈ 1000 (cost dominates), half-decade steps.
@@ -189,8 +189,8 @@ class GreedySequences:
             raise ValueError(
                 f"evaluate={evaluate!r} was given; a callable mask -> accuracy is required."
             )
-        coef = check_costs(costs)
-        lo, hi = check_domain(size_domain)
+        coef = check_cost_polynomials(costs)
+        lo, hi = check_size_domain(size_domain)
         ref = _check_reference(self.reference_size, lo, hi)
         m = coef.shape[0]
         feature_costs = np.array([float(horner(coef[j].tolist(), ref)) for j in range(m)])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -166,36 +165,3 @@ def dominators(kept: FloatArray, g: FloatArray, lo: float, hi: float) -> npt.NDA
     for i in np.flatnonzero(ok):
         ok[i] = dominates_on(kept[i].tolist(), g.tolist(), lo, hi)
     return ok
-
-
-def check_costs(costs: npt.ArrayLike, *, max_features: int | None = None) -> FloatArray:
-    """The (n_features x degree+1) cost coefficients as floats, or a ValueError saying what
-    was found and what is required."""
-    arr = np.asarray(costs, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(
-            f"costs has shape {arr.shape}; a 2-D (n_features x degree+1) array is required."
-        )
-    if max_features is not None and arr.shape[0] > max_features:
-        raise ValueError(
-            f"costs has {arr.shape[0]} features; at most {max_features} are supported."
-        )
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(
-            "costs contains negative or non-finite coefficients; finite coefficients >= 0 "
-            "are required (costs must be non-negative and non-decreasing in size)."
-        )
-    return arr
-
-
-def check_domain(size_domain: Any) -> tuple[float, float]:
-    """``(lo, hi)`` with finite 0 <= lo < hi, or a ValueError saying what was found."""
-    try:
-        lo, hi = (float(v) for v in size_domain)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"size_domain={size_domain!r}; a pair (lo, hi) of numbers is required."
-        ) from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
-        raise ValueError(f"size_domain={size_domain!r}; finite 0 <= lo < hi is required.")
-    return lo, hi
