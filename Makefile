@@ -39,7 +39,7 @@ test: $(STAMP) $(BUNDLE)
 	scripts/with-redis.sh $(BIN)/pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) $(BUNDLE)
-	$(BIN)/python -m training.bench
+	$(BIN)/python -m benchmarks
 
 lint: $(STAMP) check-deploy
 	$(BIN)/ruff check .

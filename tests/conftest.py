@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 if TYPE_CHECKING:
-    from tests.gating_bundle import GatingFixture
+    from tests.support.gating_bundle import GatingFixture
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_BUNDLE = ROOT / "models" / "digits"
@@ -35,7 +35,7 @@ def png_b64(image: np.ndarray) -> str:
 def digit_image(index: int, side: int) -> np.ndarray:
     from sklearn.datasets import load_digits
 
-    from training.digits import render_digit
+    from training.data.digits import render_digit
 
     images = load_digits().images
     return render_digit(np.asarray(images[index], dtype=np.float64), side,
@@ -54,7 +54,7 @@ def tiny_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small real bundle: 3 extractors, 400 digits, fixed (deliberately optimistic) costs
     so that tests control planning; built by the real builder, ONNX-verified."""
     from service.bundle import CostPolynomial
-    from training.build import BuildConfig, build_bundle
+    from training.bundles.digits import BuildConfig, build_bundle
 
     root = tmp_path_factory.mktemp("bundles")
     costs = {
@@ -118,8 +118,8 @@ ROUTER_COLUMNS = ["r", "a1", "a2", "b1", "b2"]
 def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real DAG bundle (tabular, declared costs) on the constructed router problem: a cheap
     sensor r says which of two expensive sensors holds the label."""
-    from training.dag_bundle import DagSpec, build_dag_bundle
-    from training.dag_data import make_router_data
+    from training.bundles.dag import DagSpec, build_dag_bundle
+    from training.data.synthetic import make_router_data
 
     spec = DagSpec(
         name="router",
@@ -138,7 +138,7 @@ def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def gating_bundle(tmp_path_factory: pytest.TempPathFactory) -> GatingFixture:
     """A real gating bundle (paper 001's format; tabular, declared costs): a gate on a cheap
     sensor choosing between a low-cost and a high-cost model (see tests/gating_bundle.py)."""
-    from tests.gating_bundle import build_gating_bundle
+    from tests.support.gating_bundle import build_gating_bundle
 
     return build_gating_bundle(tmp_path_factory.mktemp("gating") / "gating")
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from service.bundle import Manifest, json_schema, read_manifest
 from service.inference import load_models
-from training.build import VERIFICATION_FILE
+from training.bundles.digits import VERIFICATION_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 

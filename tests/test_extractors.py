@@ -13,7 +13,7 @@ from service.extractors.base import (
     available_extractors,
     create_extractor,
 )
-from training.digits import digits_source, render_digit
+from training.data.digits import digits_source, render_digit
 
 EXPECTED = {
     "thumbnail": builtin.Thumbnail,

@@ -22,7 +22,7 @@ from service.errors import BundleError
 from service.registry import load_bundle
 from service.settings import Settings
 from service.strategies.base import Acquire, Answer, Observation
-from tests.gating_bundle import (
+from tests.support.gating_bundle import (
     COLUMNS,
     COSTS,
     GATE_FILE,

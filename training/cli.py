@@ -21,7 +21,7 @@ from rich.table import Table
 from training.executor import Executor, ExecutorKind
 
 if TYPE_CHECKING:
-    from training.tabular import TabularSpec
+    from training.data.tabular import TabularSpec
 
 S = TypeVar("S", bound="TabularSpec")
 R = TypeVar("R")
@@ -68,7 +68,7 @@ def profile(
     quantile: Annotated[float, typer.Option(min=0.5, max=1.0)] = 0.95,
 ) -> None:
     """Time every built-in extractor and print the fitted cost polynomials."""
-    from training.build import make_extractors, profile_costs
+    from training.bundles.digits import make_extractors, profile_costs
 
     costs = profile_costs(make_extractors(), _sides(sides), repeats, quantile, progress=True)
     table = Table("extractor", "c(n) coefficients [ms]", "fit error", title="cost model")
@@ -93,7 +93,7 @@ def build(
     n_jobs: NJobsOption = None,
 ) -> None:
     """Build the embedded digits bundle (Poly-Dom) from scikit-learn's digits."""
-    from training.build import BuildConfig, build_bundle
+    from training.bundles.digits import BuildConfig, build_bundle
 
     if (out / "manifest.json").exists() and not force:
         console.print(f"{out} exists; pass --force to rebuild")
@@ -219,9 +219,9 @@ def _build_tabular(
 ) -> tuple[S, R, Path]:
     """Read a spec and its CSV, build the bundle into ``out`` (default models/<name>) on the
     executor; bad specs, data or export checks end the command with what was wrong."""
-    from training.dag_bundle import DagExportMismatch
-    from training.gating import GatingExportMismatch
-    from training.tabular import read_csv
+    from training.data.tabular import read_csv
+    from training.export.dag import DagExportMismatch
+    from training.export.gating import GatingExportMismatch
 
     try:
         spec = load(spec_path)
@@ -255,7 +255,7 @@ def dag(
     The spec names the label column, the sensors (name -> columns), their costs in `unit`,
     the cost trade-offs to sweep (`cost_scales`) and, for many sensors, `n_subsets` (Alg. 2).
     """
-    from training.dag_bundle import DagSpec, build_dag_bundle
+    from training.bundles.dag import DagSpec, build_dag_bundle
 
     spec, result, target = _build_tabular(
         DagSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
@@ -288,7 +288,7 @@ def gating(
     (lightgbm | random-forest | rbf-svm), an explicit `grid` of {method, p_full,
     regularisation} and the serving `tolerance`.
     """
-    from training.gating_bundle import GatingSpec, build_gating_bundle
+    from training.bundles.gating import GatingSpec, build_gating_bundle
 
     spec, result, target = _build_tabular(
         GatingSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
@@ -319,7 +319,7 @@ def sample(
     import base64
     import json
 
-    from training.digits import digits_source, render_digit, to_png
+    from training.data.digits import digits_source, render_digit, to_png
 
     images, labels = digits_source()
     png = to_png(render_digit(images[index], side))

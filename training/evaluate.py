@@ -36,7 +36,7 @@ def held_out_digits(
     (never trained on nor used in cross-validation)."""
     from sklearn.datasets import load_digits
 
-    from training.build import split_rows
+    from training.bundles.digits import split_rows
 
     digits = load_digits()
     order = np.random.default_rng(seed).permutation(len(digits.target))
@@ -60,7 +60,7 @@ def evaluate_bundle(
     the bundle's default one. Every held-out item is run through each strategy in turn, so
     they are compared under the same machine conditions. ``reserve_ms`` defaults to the
     service's ``BUDGETSERVE_OVERHEAD_RESERVE_MS`` default, so plans match what it serves."""
-    from training.digits import render_digit
+    from training.data.digits import render_digit
 
     reserve = (
         Settings.model_fields["overhead_reserve_ms"].default if reserve_ms is None else reserve_ms

@@ -1,8 +1,9 @@
 """Where embarrassingly parallel training work runs: in-process, joblib workers, or Ray.
 
-The lattice expansion (one cross-validated model per feature set, :mod:`training.build`) and
-the DAG training (one classifier per state, one policy set per cost scale, :mod:`training.dag`)
-are many independent tasks. They go through :meth:`Executor.map`::
+The lattice expansion (one cross-validated model per feature set,
+:mod:`training.bundles.digits`) and the DAG training (one classifier per state, one policy
+set per cost scale, :mod:`training.dag`) are many independent tasks. They go through
+:meth:`Executor.map`::
 
     with make_executor("ray", address="head:6379") as ex:
         results = ex.map(cv_accuracy, masks, shared=(job,))   # cv_accuracy(job, mask) each

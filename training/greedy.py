@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.types import FloatArray, horner
+from training._validation import check_cost_polynomials, check_size_domain
 from training.polydom.lattice import prefetcher
-from training.polydom.poly import FloatArray, check_costs, check_domain, horner
 
 #: Decades k of the default positive grid λ_k = 10**k / (typical feature cost at n_ref):
 #: from λ·Δcost ≈ 0.001 (accuracy dominates) to ≈ 1000 (cost dominates), half-decade steps.
@@ -65,7 +66,7 @@ class GreedySequence:
 
     def cost_at(self, k: int, n: float) -> float:
         """Cost of the k-feature prefix at item size ``n``."""
-        return horner(self.prefix_costs[k].tolist(), n)
+        return float(horner(self.prefix_costs[k].tolist(), n))
 
 
 @dataclass(frozen=True)
@@ -188,11 +189,11 @@ class GreedySequences:
             raise ValueError(
                 f"evaluate={evaluate!r} was given; a callable mask -> accuracy is required."
             )
-        coef = check_costs(costs)
-        lo, hi = check_domain(size_domain)
+        coef = check_cost_polynomials(costs)
+        lo, hi = check_size_domain(size_domain)
         ref = _check_reference(self.reference_size, lo, hi)
         m = coef.shape[0]
-        feature_costs = np.array([horner(coef[j].tolist(), ref) for j in range(m)])
+        feature_costs = np.array([float(horner(coef[j].tolist(), ref)) for j in range(m)])
         if grid is None:
             grid = default_lambdas(feature_costs)
 
@@ -337,7 +338,7 @@ def _make_sequence(
         prefix_masks=masks,
         prefix_accuracies=[expanded[mk] for mk in masks],
         prefix_costs=prefix_costs,
-        prefix_ref_costs=[horner(row.tolist(), ref) for row in prefix_costs],
+        prefix_ref_costs=[float(horner(row.tolist(), ref)) for row in prefix_costs],
     )
 
 

@@ -45,14 +45,14 @@ from service.strategies.base import (
     strategy_for,
 )
 from service.types import FloatArray, FloatVector, horner
-from training.build import make_strategies, mask_features, subsets_of
+from training.bundles.digits import make_strategies, mask_features, subsets_of
 from training.greedy import VARIANTS as GREEDY_VARIANTS
 from training.polydom import PolyDom
 from training.polydom.synthetic import SIZE_DOMAIN, SyntheticWorkload, make_workload
 
 #: z of the 95th percentile of the standard normal: p95 of LogNormal(0, σ) is exp(Z95 σ).
 Z95 = 1.645
-#: Strategy names in the order ``training.build.make_strategies`` emits them.
+#: Strategy names in the order ``training.bundles.digits.make_strategies`` emits them.
 STRATEGIES = ("polydom-anytime", "polydom", "greedy", "greedy-acc", "greedy-cost")
 #: Strategies that re-plan with the measured remaining budget (all but static Poly-Dom).
 ANYTIME = ("polydom-anytime", "greedy", "greedy-acc", "greedy-cost")

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from training.polydom.poly import FloatArray, dominators, set_costs
+from service.types import FloatArray
+from training.polydom.poly import dominators, set_costs
 
 
 def prune_candidates(

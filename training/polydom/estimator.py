@@ -19,10 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from service.strategies.polydom_index import CompiledIndex
+from training._validation import check_cost_polynomials, check_size_domain
 from training.polydom.candidates import prune_candidates
 from training.polydom.index import PolyDomIndex, build_index
 from training.polydom.lattice import MAX_FEATURES, expand_polydom
-from training.polydom.poly import check_costs, check_domain, set_costs
+from training.polydom.poly import set_costs
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ class PolyDom:
             raise ValueError(
                 f"evaluate={evaluate!r} was given; a callable mask -> accuracy is required."
             )
-        coef = check_costs(costs, max_features=MAX_FEATURES)
-        lo, hi = check_domain(size_domain)
+        coef = check_cost_polynomials(costs, max_features=MAX_FEATURES)
+        lo, hi = check_size_domain(size_domain)
         m = coef.shape[0]
         expansion = expand_polydom(m, evaluate, eps / 2.0, delta)
         candidates = prune_candidates(expansion.accuracies, coef, (lo, hi), eps / 2.0)

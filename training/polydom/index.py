@@ -31,13 +31,8 @@ from functools import cmp_to_key
 import numpy as np
 
 from service.strategies.polydom_index import CompiledIndex
-from training.polydom.poly import (
-    Coeffs,
-    FloatArray,
-    compare_right,
-    equal_at,
-    real_roots,
-)
+from service.types import FloatArray
+from training.polydom.poly import Coeffs, compare_right, equal_at, real_roots
 
 
 @dataclass(frozen=True)

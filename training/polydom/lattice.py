@@ -28,7 +28,7 @@ bounds the top half would have found deeper down (at m = 14, γ = 0 that was 4,0
 expansions at ε = 0.05 against 618 at ε = 0). Crossing exact ties within the round brings
 those upper bounds (e.g. the chain of sets "all but the k best features" when a set's
 accuracy is its best feature's, γ = 0) before the bottom half needs them. The number of
-expansions is non-increasing in ε on the tested grid (``tests/test_polydom_lattice.py``:
+expansions is non-increasing in ε on the tested grid (``tests/training/polydom/test_lattice.py``:
 m = 8..14, ε from 0 to 0.1, several seeds, three combiners); that is measured, not proved,
 and the expanded sets at a larger ε are not always a subset of those at a smaller one.
 
@@ -41,9 +41,9 @@ construction.
 
 Batches: within a half-round, sets are decided one size level at a time. Sets of one size
 are incomparable, so expanding one changes neither the sandwich nor the covering test of
-another: each level's expansions are independent. An ``evaluate`` with a
-``prefetch(masks)`` method (:class:`BatchEvaluate`, e.g. ``training.build.LatticeEvaluator``
-on a parallel executor) is handed each such batch before its sets are expanded, in the order
+another: each level's expansions are independent. An ``evaluate`` with a ``prefetch(masks)``
+method (:class:`BatchEvaluate`, e.g. ``training.bundles.digits.LatticeEvaluator`` on a
+parallel executor) is handed each such batch before its sets are expanded, in the order
 they are expanded; the traversal and its result are the same with or without it.
 """
 
@@ -57,7 +57,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from service.types import FloatArray
+
 Evaluate = Callable[[int], float]
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from service.types import FloatArray, horner
+
 IntArray = npt.NDArray[np.int64]
 
 #: Relative tolerance under which two cost values (or derivatives) count as equal.
@@ -46,14 +46,6 @@ def set_costs(masks: IntArray | Sequence[int], costs: FloatArray) -> FloatArray:
     for j in range(costs.shape[0]):
         out += np.where(bits[:, j : j + 1], costs[j], 0.0)
     return out
-
-
-def horner(c: Coeffs, t: float) -> float:
-    """Evaluate one polynomial at ``t``."""
-    v = 0.0
-    for k in range(len(c) - 1, -1, -1):
-        v = v * t + c[k]
-    return v
 
 
 def derivative_at(c: Coeffs, k: int, t: float) -> tuple[float, float]:
@@ -144,7 +136,7 @@ def dominates_on(f: Coeffs, g: Coeffs, lo: float, hi: float) -> bool:
     for p in points:
         _, sf = derivative_at(f, 0, p)
         _, sg = derivative_at(g, 0, p)
-        if horner(d, p) < -DOM_TOL * (sf + sg):
+        if float(horner(d, p)) < -DOM_TOL * (sf + sg):
             return False
     return True
 
@@ -173,36 +165,3 @@ def dominators(kept: FloatArray, g: FloatArray, lo: float, hi: float) -> npt.NDA
     for i in np.flatnonzero(ok):
         ok[i] = dominates_on(kept[i].tolist(), g.tolist(), lo, hi)
     return ok
-
-
-def check_costs(costs: npt.ArrayLike, *, max_features: int | None = None) -> FloatArray:
-    """The (n_features x degree+1) cost coefficients as floats, or a ValueError saying what
-    was found and what is required."""
-    arr = np.asarray(costs, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(
-            f"costs has shape {arr.shape}; a 2-D (n_features x degree+1) array is required."
-        )
-    if max_features is not None and arr.shape[0] > max_features:
-        raise ValueError(
-            f"costs has {arr.shape[0]} features; at most {max_features} are supported."
-        )
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(
-            "costs contains negative or non-finite coefficients; finite coefficients >= 0 "
-            "are required (costs must be non-negative and non-decreasing in size)."
-        )
-    return arr
-
-
-def check_domain(size_domain: Any) -> tuple[float, float]:
-    """``(lo, hi)`` with finite 0 <= lo < hi, or a ValueError saying what was found."""
-    try:
-        lo, hi = (float(v) for v in size_domain)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"size_domain={size_domain!r}; a pair (lo, hi) of numbers is required."
-        ) from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
-        raise ValueError(f"size_domain={size_domain!r}; finite 0 <= lo < hi is required.")
-    return lo, hi

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.polydom.poly import FloatArray
+from service.types import FloatArray
 
 #: Size domain of the synthetic workload.
 SIZE_DOMAIN = (1.0, 1000.0)

@@ -1,0 +1,46 @@
+"""``make bench``: every benchmark, each writing its markdown file to docs/benchmarks/.
+
+``python -m benchmarks`` runs them in this order; ``python -m benchmarks.<name>`` runs one. The
+executor benchmark (``python -m benchmarks.executor``) is not part of the run: it compares
+executors (and may need a Ray cluster), see docs/distributed-training.md.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+console = Console()
+
+
+def main() -> None:
+    from benchmarks import (
+        anytime,
+        calibration,
+        dag,
+        digits,
+        extractors,
+        gating,
+        polydom,
+        service,
+    )
+
+    for name, run in (
+        ("extractors", lambda: extractors.main()),
+        ("polydom", lambda: polydom.main()),
+        ("digits", digits.digits_report),
+        ("strategies", digits.strategies_report),
+        ("anytime (synthetic)", lambda: anytime.main()),
+        ("calibration", lambda: calibration.main()),
+        ("dag", lambda: dag.main()),
+        ("gating", lambda: gating.main()),
+        ("service", lambda: service.main()),
+    ):
+        t0 = time.perf_counter()
+        run()
+        console.print(f"[bold]{name}[/] done ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

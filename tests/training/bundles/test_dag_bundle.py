@@ -1,0 +1,235 @@
+"""A DAG bundle end to end: built from tabular data by the real builder, served by the app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import create_app
+from service.bundle import read_manifest
+from service.cache import InProcessCache
+from service.settings import Settings
+from training.bundles.dag import DagSpec, build_dag_bundle
+from training.data.synthetic import make_router_data
+
+COLUMNS = ["r", "a1", "a2", "b1", "b2"]
+SPEC = DagSpec(
+    name="router",
+    label="label",
+    sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
+    costs={"r": 1.0, "a": 5.0, "b": 5.0},
+    cost_scales=[0.0, 0.03, 0.3],
+)
+
+
+@pytest.fixture(scope="module")
+def router_dir(router_bundle_dir: Path) -> Path:
+    return router_bundle_dir
+
+
+@pytest.fixture(scope="module")
+def client(router_dir: Path) -> TestClient:
+    app = create_app(Settings(models_dir=router_dir.parent), cache=InProcessCache(1 << 20))
+    with TestClient(app) as c:
+        yield c  # type: ignore[misc]
+
+
+def _item(x: np.ndarray, item_id: str | None = None) -> dict[str, object]:
+    item: dict[str, object] = {"values": dict(zip(COLUMNS, map(float, x), strict=True))}
+    if item_id:
+        item["id"] = item_id
+    return item
+
+
+def test_manifest_declares_sensors_and_policies(router_dir: Path) -> None:
+    m = read_manifest(router_dir)
+    assert m.cost_basis == "declared" and m.cost_unit == "units"
+    assert [(e.name, e.plugin, e.cost(1)) for e in m.extractors] == [
+        ("r", "sensor", 1.0), ("a", "sensor", 5.0), ("b", "sensor", 5.0)]
+    [dag] = m.strategies
+    assert dag.kind == "dag" and len(dag.policies) == 3
+    assert all((router_dir / p.file).is_file() for p in dag.policies)
+
+
+def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestClient) -> None:
+    x, y = make_router_data(200, seed=9)
+    right, routed, costs = 0, 0, []
+    for i, (row, label) in enumerate(zip(x, y, strict=True)):
+        r = client.post("/predict", json={"model": "router", "item": _item(row, f"r{i}"),
+                                          "budget": 6.0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["strategy"] == "dag" and body["cost"]["unit"] == "units"
+        path = body["path"]
+        assert path[0] == [] and path[1] == ["r"], path
+        expected = "a" if row[0] > 0 else "b"
+        routed += len(path) == 3 and set(path[2]) == {"r", expected}
+        assert body["cost"]["spent"] == pytest.approx(sum(
+            {"r": 1.0, "a": 5.0, "b": 5.0}[s] for s in body["cost"]["extracted"]))
+        assert body["cost"]["spent"] <= 6.0
+        costs.append(body["cost"]["spent"])
+        right += body["prediction"] == str(label)
+    assert right / len(y) > 0.95
+    assert routed / len(y) > 0.9, "the router sensor decides which expensive sensor to buy"
+    assert np.mean(costs) == pytest.approx(6.0, abs=0.3)
+
+
+@pytest.mark.parametrize("budget", [0.5, 1.0, 3.0, 5.5, 11.0])
+def test_budget_is_a_hard_cap(client: TestClient, budget: float) -> None:
+    x, _ = make_router_data(40, seed=3)
+    for row in x:
+        body = client.post("/predict", json={"model": "router", "item": _item(row),
+                                             "budget": budget}).json()
+        assert body["cost"]["spent"] <= budget
+        assert body["deadline_exceeded"] is False
+        assert set(body["features"]) <= set(body["cost"]["extracted"])
+
+
+def test_cached_sensors_are_free(client: TestClient) -> None:
+    x, _ = make_router_data(1, seed=4)
+    body = {"model": "router", "item": _item(x[0], "cached-row"), "budget": 6.0}
+    first = client.post("/predict", json=body).json()
+    second = client.post("/predict", json=body).json()
+    assert first["cost"]["spent"] > 0
+    assert second["cost"]["spent"] == 0.0
+    assert set(first["cost"]["extracted"]) == set(second["cost"]["cached"])
+    assert second["prediction"] == first["prediction"]
+
+
+def test_tabular_bad_input_is_a_422(client: TestClient) -> None:
+    r = client.post("/predict", json={"model": "router", "budget": 6.0,
+                                      "item": {"values": {"r": 1.0}}})
+    assert r.status_code == 422
+    assert "a1" in r.json()["error"]["message"]
+
+
+def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from training.cli import app
+
+    x, y = make_router_data(600, seed=5)
+    lines = [",".join([*COLUMNS, "label"])]
+    lines += [",".join([*map(str, row), str(label)]) for row, label in zip(x, y, strict=True)]
+    (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
+    spec = {"name": "router2", "label": "label", "sensors": SPEC.sensors,
+            "costs": SPEC.costs, "cost_scales": [0.03]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
+                                      str(tmp_path / "spec.json"), "--out",
+                                      str(tmp_path / "router2")])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path / "router2").name == "router2"
+    bad = dict(spec, sensors={**SPEC.sensors, "r": ["r", "nope"]})
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
+                                      str(tmp_path / "bad.json")])
+    assert result.exit_code != 0 and "nope" in result.output
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:  # type: ignore[type-arg]
+    x, y = make_router_data(2000, seed=6)
+    root = tmp_path_factory.mktemp("dag-equiv")
+    result = build_dag_bundle(root / "router", SPEC, x, y.astype(str), COLUMNS)
+    return result.path, result.models
+
+
+def _serve_walk(bundle, policy_index: int, row: np.ndarray, budget: float,  # type: ignore[no-untyped-def]
+                in_hand: dict | None = None):  # type: ignore[type-arg]
+    """Walk the served runtime with one operating point pinned, real sensor values."""
+    from service.strategies.base import Acquire, Observation
+    from service.strategies.dag import DagSession
+
+    runtime = bundle.runtimes["dag"]
+    per_feature = bundle.costs.at(1)
+    policy = next(p for p in runtime.policies
+                  if p.spec.file == f"policy_{policy_index}.onnx")
+    session = DagSession(runtime, policy, per_feature)
+    item = dict(zip(COLUMNS, map(float, row), strict=True))
+    features = dict(in_hand or {})
+    spent = 0.0
+    while True:
+        step = session.step(Observation(size=1, budget=budget, spent=spent, features=features))
+        if not isinstance(step, Acquire):
+            return step.model, spent, session.path()
+        features[step.feature] = bundle.extractors[step.feature].extract(item)
+        spent += per_feature[step.feature]
+
+
+def test_served_walk_equals_the_trained_policy(built: tuple[Path, list]) -> None:  # type: ignore[type-arg]
+    from service.registry import load_bundle
+
+    path, models = built
+    bundle = load_bundle(path, 1)
+    x, _ = make_router_data(150, seed=8)
+    for i, model in enumerate(models):
+        for budget in (0.5, 3.0, 6.0, 7.5, 11.0):
+            pred, spent, states = model.predict_with_cost(x, budget=budget)
+            for row, p, cost, state in zip(x, pred, spent, states, strict=True):
+                answer, served_cost, served_path = _serve_walk(bundle, i, row, budget)
+                assert served_cost == pytest.approx(cost)
+                assert set(served_path[-1]) == set(model.state_sensors(int(state)))
+                probs = bundle.models[answer].predict_proba(
+                    {s: bundle.extractors[s].extract(dict(zip(COLUMNS, map(float, row),
+                                                              strict=True)))
+                     for s in bundle.runtimes["dag"].model_features[answer]})
+                assert bundle.manifest.classes[int(np.argmax(probs))] == str(p)
+
+
+def test_hard_cap_cuts_walks_that_would_overspend(built: tuple[Path, list]) -> None:  # type: ignore[type-arg]
+    from service.registry import load_bundle
+
+    path, _models = built
+    bundle = load_bundle(path, 1)
+    routing = next(i for i, m in enumerate(bundle.manifest.strategies[0].policies)
+                   if 5.0 < m.mean_cost < 7.0)  # the operating point that buys r then a or b
+    x, _ = make_router_data(60, seed=10)
+    cut = 0
+    for row in x:
+        _, full_cost, _ = _serve_walk(bundle, routing, row, 100.0)
+        _, cost, _path_taken = _serve_walk(bundle, routing, row, 3.0)
+        assert cost <= 3.0
+        cut += full_cost > 3.0 and cost < full_cost
+    assert cut >= len(x) // 2, "the cap must actually cut walks in this test"
+
+
+def test_partially_cached_sensors_make_an_operating_point_affordable(client: TestClient) -> None:
+    x, _ = make_router_data(40, seed=11)
+    row = next(r for r in x if r[0] > 0.5)  # routed to a
+    item = _item(row, "partial-cache")
+    warm = client.post("/predict", json={"model": "router", "item": item, "budget": 6.0}).json()
+    assert set(warm["cost"]["extracted"]) == {"r", "a"}
+    # r and a are now cached: the operating point that costs 6 on average is affordable with a
+    # budget of 5.9, and it spends nothing.
+    again = client.post("/predict", json={"model": "router", "item": item, "budget": 5.9}).json()
+    assert again["answered_by"] != "prior" and again["cost"]["spent"] == 0.0
+    assert set(again["features"]) == {"a", "r"}
+
+
+def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
+    from pydantic import ValidationError
+
+    from service.bundle import Manifest
+
+    raw = json.loads((router_dir / "manifest.json").read_text())
+    policy = raw["strategies"][0]["policies"][-1]
+    root = next(s for s in policy["states"] if s["groups"] == 0)
+    assert root["transitions"], "the root of this policy can acquire"
+    looped = json.loads(json.dumps(raw))
+    next(s for s in looped["strategies"][0]["policies"][-1]["states"]
+         if s["groups"] == 0)["transitions"][0] = 0  # the root acquiring into itself
+    with pytest.raises(ValidationError, match="strictly larger"):
+        Manifest.model_validate(looped)
+    state = next((s for s in policy["states"] if len(s["tree"]) >= 2), None)
+    assert state is not None, "this policy has a state with a multi-node filter tree"
+    cyclic = json.loads(json.dumps(raw))
+    target = next(s for s in cyclic["strategies"][0]["policies"][-1]["states"]
+                  if s["groups"] == state["groups"])
+    target["tree"][1]["left"] = 0  # a node pointing back to the root
+    with pytest.raises(ValidationError, match="out of range"):
+        Manifest.model_validate(cyclic)

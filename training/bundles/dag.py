@@ -1,0 +1,138 @@
+"""Build a DAG bundle (paper 000) from tabular data: sensors with declared costs, a sweep of
+the cost trade-off, every classifier and policy exported to ONNX and checked.
+
+The bundle's items are ``{"values": {column: number}}``; each sensor is an instance of the
+built-in ``sensor`` extractor serving its columns at a declared cost (``cost_basis:
+"declared"``: budgets and spent costs are in the bundle's unit, not in milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.bundle import (
+    DagStrategy,
+    Manifest,
+    write_manifest,
+)
+from training.bundles.writer import bundle_version, provenance, staging
+from training.dag import DagClassifier, sweep
+from training.data.tabular import (
+    TabularSpec,
+    column_positions,
+    fingerprint,
+    read_csv,
+    sensor_extractors,
+    tabular_item,
+)
+from training.executor import INLINE, Executor
+from training.export.dag import DagExportMismatch, export_bank, export_policy, verify_policy
+
+__all__ = ["DagBuildResult", "DagExportMismatch", "DagSpec", "build_dag_bundle", "read_csv"]
+
+
+@dataclass
+class DagSpec(TabularSpec):
+    """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
+    plus the cost trade-offs to sweep and, for many sensors, the number of groups (Alg. 2)."""
+
+    cost_scales: list[float] = field(
+        default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
+    )
+    n_subsets: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        if not self.cost_scales or any(c < 0 for c in self.cost_scales):
+            raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
+
+
+@dataclass
+class DagBuildResult:
+    manifest: Manifest
+    path: Path
+    points: list[dict[str, float]]
+    models: list[DagClassifier] = field(default_factory=list)  # one per policy, in order
+
+
+def build_dag_bundle(
+    out_dir: Path,
+    spec: DagSpec,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    columns: Sequence[str],
+    *,
+    data_fingerprint: str | None = None,
+    executor: Executor = INLINE,
+) -> DagBuildResult:
+    """Split, sweep the cost trade-off (its tasks on ``executor``), export, verify, write
+    ``out_dir`` atomically."""
+    spec.check()
+    position = {c: i for i, c in enumerate(columns)}
+    sensors = column_positions(spec, columns)
+    costs = spec.sensor_costs()
+    x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
+    fits = sweep(x_train, y_train, x_val, y_val, spec.cost_scales, sensors=sensors,
+                 costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed,
+                 executor=executor)
+    base = fits[0][1]
+    classes = [str(c) for c in base.classes_]
+    sensor_names = list(spec.sensors)
+    # The policy input: every sensor's columns, sensors in declaration order.
+    offsets, width = {}, 0
+    for name in sensor_names:
+        offsets[name] = width
+        width += len(spec.sensors[name])
+    global_of_column = {
+        position[c]: offsets[s] + j for s in sensor_names for j, c in enumerate(spec.sensors[s])
+    }
+
+    with staging(out_dir) as tmp:
+        models = export_bank(tmp, base, classes, x_test)
+        policies, points = [], []
+        for i, (scale, model, val_cost, val_error) in enumerate(fits):
+            policy = export_policy(tmp, f"policy_{i}.onnx", model, width, global_of_column)
+            verify_policy(tmp / policy.file, policy, model, x_val, global_of_column)
+            pred, spent, _ = model.predict_with_cost(x_test)
+            test_error = float(np.mean(pred != y_test))
+            policies.append(policy.model_copy(update={
+                "cost_scale": scale, "mean_cost": val_cost, "error": val_error,
+            }))
+            points.append({"cost_scale": scale, "validation_cost": val_cost,
+                           "validation_error": val_error,
+                           "test_cost": float(np.mean(spent)), "test_error": test_error})
+        manifest = Manifest(
+            name=spec.name,
+            version=bundle_version(tmp),
+            classes=classes,
+            cost_unit=spec.unit,
+            cost_basis="declared",
+            item=tabular_item(spec.sensors),
+            extractors=sensor_extractors(spec.sensors, costs, spec.unit),
+            models=models,
+            strategies=[DagStrategy(
+                name="dag", groups=[list(g) for g in base.groups_], inputs=sensor_names,
+                policies=policies,
+            )],
+            default_strategy="dag",
+            provenance=provenance(
+                data_fingerprint or fingerprint(x, y),
+                {
+                    "label": spec.label, "sensors": spec.sensors, "costs": costs,
+                    "cost_scales": spec.cost_scales, "n_subsets": spec.n_subsets,
+                    "seed": spec.seed,
+                    "rows": {"train": len(y_train), "validation": len(y_val),
+                             "test": len(y_test)},
+                    "operating_points": points,
+                },
+            ),
+        )
+        write_manifest(tmp, manifest)
+    return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
+

@@ -1,0 +1,249 @@
+"""Build a gating bundle (paper 001) from tabular data: sweep ADAPT-GBRT, ADAPT-LIN, the L1
+baseline and GreedyMiser over (P_full, λ/γ/C), keep the validation Pareto set (plus f0 alone)
+as one ``gating`` strategy, export every gate and model to ONNX and check it.
+
+Each feature is a ``sensor`` with one column and a declared cost (the paper's per-feature
+costs); budgets and spent costs are in the bundle's unit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+
+from service.bundle import (
+    GatePoint,
+    GatingStrategy,
+    Manifest,
+    ModelSpec,
+    write_manifest,
+)
+from training.bundles.writer import bundle_version, provenance, staging
+from training.data.tabular import TabularSpec, column_positions, fingerprint
+from training.executor import INLINE, Executor
+from training.export.gating import (
+    ExportedModel,
+    export_f0,
+    export_system,
+    system_outputs,
+    tolerant_deviation,
+    verify_system,
+)
+from training.export.sklearn import onnx_probabilities
+from training.gating import FittedF0, default_gbrt_f0
+from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
+
+F0_KINDS = ("lightgbm", "random-forest", "rbf-svm")
+
+
+@dataclass
+class GatingSpec(TabularSpec):
+    """``budgetserve-train gating`` reads this beside the CSV. ``sensors`` may be a list of
+    column names (one sensor per column, named after it)."""
+
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    f0: str = "lightgbm"
+    grid: list[dict[str, Any]] | None = None  # [{method, p_full, regularisation}], optional
+    pareto: bool = True  # keep the validation Pareto set only (False: every point, to inspect)
+    tolerance: float = 0.01  # served: within 1 % of the best deliverable accuracy, cheapest
+    standardize: bool = True  # ADAPT-LIN's group penalty on standardised weights
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sensors, list):
+            self.sensors = {str(c): [str(c)] for c in self.sensors}
+
+    def check(self) -> None:
+        super().check()
+        several = {s: cols for s, cols in self.sensors.items() if len(cols) != 1}
+        if several:
+            raise ValueError(
+                f"gating needs one column per sensor (a cost per feature); {several} have "
+                "several: split them, or use `budgetserve-train dag` for grouped sensors"
+            )
+        if not isinstance(self.tolerance, int | float) or not 0 <= self.tolerance <= 1:
+            raise ValueError(f"tolerance must be a number in [0, 1], got {self.tolerance!r}")
+        if self.f0 not in F0_KINDS:
+            raise ValueError(f"f0 must be one of {list(F0_KINDS)}, got {self.f0!r}")
+        self.configs()  # validates methods and grid
+
+    def configs(self) -> list[Config]:
+        if self.grid is None:
+            return default_grid(self.methods)
+        out = []
+        for entry in self.grid:
+            if not isinstance(entry, dict) or set(entry) != {"method", "p_full", "regularisation"}:
+                raise ValueError(
+                    f"grid entries are {{method, p_full, regularisation}} mappings, got {entry!r}"
+                )
+            if entry["method"] not in METHODS:
+                raise ValueError(f"unknown gating method {entry['method']!r}; known: {METHODS}")
+            out.append(Config(str(entry["method"]), float(entry["p_full"]),
+                              float(entry["regularisation"])))
+        return out
+
+    def make_f0(self) -> Any:
+        if self.f0 == "random-forest":
+            return RandomForestClassifier(n_estimators=200, random_state=self.seed, n_jobs=1)
+        if self.f0 == "rbf-svm":  # the paper's other f0 (Fig. 4d, 5); Platt probabilities
+            return make_pipeline(
+                StandardScaler(), SVC(kernel="rbf", probability=True, random_state=self.seed)
+            )
+        return default_gbrt_f0(self.seed)
+
+
+@dataclass
+class GatingBuildResult:
+    manifest: Manifest
+    path: Path
+    points: list[dict[str, Any]]  # the whole sweep, validation and test numbers
+    f0_accuracy: dict[str, float]
+    estimators: dict[str, Any] = field(default_factory=dict)  # exported point id -> fitted
+
+
+def _file_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def build_gating_bundle(
+    out_dir: Path,
+    spec: GatingSpec,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    columns: Sequence[str],
+    *,
+    data_fingerprint: str | None = None,
+    executor: Executor = INLINE,
+) -> GatingBuildResult:
+    """Split, fit f0 once, sweep (its fits on ``executor``), keep the validation Pareto set,
+    export, verify, write
+    atomically. The points are chosen on validation rows; the accuracies, costs and routed
+    fractions written to the manifest (what the service ranks and reports) are measured on
+    the test rows, which took no part in any choice."""
+    spec.check()
+    positions = column_positions(spec, columns)
+    sensor_names = list(spec.sensors)
+    order = [positions[s][0] for s in sensor_names]  # one column per sensor
+    x = x[:, order]
+    sensor_costs = spec.sensor_costs()
+    costs = np.asarray([sensor_costs[s] for s in sensor_names])
+    x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
+    classes = np.unique(y_train)
+    f0 = FittedF0.fit(spec.make_f0(), x_train, y_train, random_state=spec.seed)
+    points = sweep(x_train, y_train, x_val, y_val, costs=costs, f0=f0, grid=spec.configs(),
+                   X_test=x_test, y_test=y_test, standardize=spec.standardize,
+                   random_state=spec.seed, executor=executor)
+    f0_val = float(np.mean(classes[f0.model.predict(x_val)] == y_val))
+    f0_test = float(np.mean(classes[f0.model.predict(x_test)] == y_test))
+    full_cost = float(costs.sum())
+    kept = pareto(points) if spec.pareto else sorted(points, key=lambda p: p.val_cost)
+    # f0 alone is a point of its own: drop what it dominates (full cost, no more accurate).
+    front = [p for p in kept if p.val_cost < full_cost or p.val_accuracy > f0_val]
+
+    def features(cols: Sequence[int]) -> list[str]:
+        return [sensor_names[c] for c in cols]
+
+    with staging(out_dir) as tmp:
+        prior = np.asarray([np.mean(y_train == c) for c in classes])
+        f0_bytes = export_f0(f0.model, len(sensor_names))
+        _verify_f0(f0_bytes, f0.model, x_test)
+        (tmp / "f0.onnx").write_bytes(f0_bytes)
+        models = [
+            ModelSpec(id="prior", features=[], accuracy=float(np.mean(y_test == classes[
+                int(np.argmax(prior))])), prior=[float(p) for p in prior], input_dims=0),
+            ModelSpec(id="f0", features=list(sensor_names), accuracy=f0_test, file="f0.onnx",
+                      input_dims=len(sensor_names)),
+        ]
+        gate_points = [GatePoint(
+            id="f0", method="f0", p_full=1.0, regularisation=0.0, low_model="f0",
+            high_model="f0", mean_cost=full_cost, fraction_full=1.0, accuracy=f0_test,
+        )]
+        exported: dict[str, Any] = {"f0": f0.model}
+        for point in front:
+            system = export_system(point.estimator)
+            if system.always_full:
+                continue  # the gate sends everything to f0: the f0 point already covers it
+            verify_system(point.estimator, system, x_test, label=point.id)
+            exported[point.id] = point.estimator
+            low_id = f"{point.id}.f1"
+            models.append(_low_model(tmp, low_id, system.f1, features(system.f1.columns),
+                                     point, x_test, y_test))
+            gate_file = None
+            if system.gate.onnx is not None:
+                gate_file = _file_name(f"{point.id}.gate.onnx")
+                (tmp / gate_file).write_bytes(system.gate.onnx)
+            gate_points.append(GatePoint(
+                id=point.id, method=point.method, p_full=point.p_full,
+                regularisation=point.regularisation, gate_file=gate_file,
+                gate_features=features(system.gate.columns),
+                gate_input_dims=len(system.gate.columns), threshold=system.gate.threshold,
+                low_model=low_id, high_model="f0", mean_cost=point.test_cost,
+                fraction_full=point.test_fraction_full, accuracy=point.test_accuracy,
+            ))
+        summary = [_summary(p) for p in points]
+        manifest = Manifest(
+            name=spec.name,
+            version=bundle_version(tmp),
+            classes=[str(c) for c in classes],
+            cost_unit=spec.unit,
+            cost_basis="declared",
+            item=spec.item(),
+            extractors=spec.extractors(),
+            models=models,
+            strategies=[GatingStrategy(name="gating", points=gate_points,
+                                       tolerance=spec.tolerance)],
+            default_strategy="gating",
+            provenance=provenance(
+                data_fingerprint or fingerprint(x, y),
+                {
+                    "label": spec.label, "sensors": spec.sensors, "costs": sensor_costs,
+                    "f0": spec.f0, "methods": spec.methods, "seed": spec.seed,
+                    "rows": {"train": len(y_train), "validation": len(y_val),
+                             "test": len(y_test)},
+                    "f0_accuracy": {"validation": f0_val, "test": f0_test},
+                    "sweep": summary,
+                },
+            ),
+        )
+        write_manifest(tmp, manifest)
+    return GatingBuildResult(manifest, out_dir, summary,
+                             {"validation": f0_val, "test": f0_test}, exported)
+
+
+def _summary(p: SweepPoint) -> dict[str, Any]:
+    return {"id": p.id, "method": p.method, "p_full": p.p_full,
+            "regularisation": p.regularisation, "validation_accuracy": p.val_accuracy,
+            "validation_cost": p.val_cost, "validation_fraction_full": p.val_fraction_full,
+            "test_accuracy": p.test_accuracy, "test_cost": p.test_cost}
+
+
+def _low_model(folder: Path, model_id: str, f1: ExportedModel, features: list[str],
+               point: SweepPoint, x_val: npt.NDArray[np.float64],
+               y_val: npt.NDArray[Any]) -> ModelSpec:
+    """f1 of an operating point as a bundle model; its accuracy is f1 alone on test rows."""
+    est = point.estimator
+    proba = system_outputs(est, x_val)[1]
+    accuracy = float(np.mean(est.classes_[np.argmax(proba, axis=1)] == y_val))
+    if f1.onnx is None:
+        assert f1.prior is not None
+        return ModelSpec(id=model_id, features=[], accuracy=accuracy, prior=f1.prior,
+                         input_dims=0)
+    file = _file_name(f"{model_id}.onnx")
+    (folder / file).write_bytes(f1.onnx)
+    return ModelSpec(id=model_id, features=features, accuracy=accuracy, file=file,
+                     input_dims=len(features))
+
+
+def _verify_f0(model: bytes, fitted: Any, x: npt.NDArray[np.float64]) -> None:
+    got = onnx_probabilities(model, x.astype(np.float32)).astype(np.float64)
+    expected = np.asarray(fitted.predict_proba(x.astype(np.float32)), dtype=np.float64)
+    tolerant_deviation(got, expected, "f0")

@@ -1,0 +1,236 @@
+"""The DAG's per-state policies: filter trees (Beygelzimer, Langford & Ravikumar 2007) of
+importance-weighted binary logistic regressions, and the classifier bank's fit jobs.
+
+Filter tree layout (what :meth:`DagClassifier.policy_nodes` exports)
+-------------------------------------------------------------------
+For k actions the tree is built over the action range [0, k): a range of one action is a leaf;
+otherwise it is an internal node whose left child covers the first ``ceil(len / 2)`` actions and
+whose right child the rest. Nodes are numbered in pre-order (node 0 is the root). Leaves are
+``{"action": a}``; internal nodes are ``{"left": i, "right": j, "weights": w, "bias": b,
+"constant": bool}`` meaning *go right iff* ``w · x_s + b > 0`` where ``x_s`` are the state's
+columns in the state's column order and the StandardScaler is folded into ``w`` and ``b``. A
+constant node has ``w = 0`` and ``b = +1`` (always right) or ``b = -1`` (always left).
+
+Binary node training: each training row's winners of the left and right subtrees (under the
+already trained lower nodes) are compared; label = 1 if the right winner is strictly cheaper,
+sample weight = |cost difference|; rows with zero weight are dropped; a node whose weighted rows
+hold a single class (or none) becomes a constant decision (left when there are none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+
+from service.types import FloatArray
+from training.dag.sensors import (
+    _MAX_ITER,
+    _TIE,
+    IntArray,
+)
+
+
+@dataclass
+class _Node:
+    """A filter-tree node: a leaf (``action``) or an internal node with either a fitted binary
+    pipeline (``estimator``) or a constant decision (``constant``: True = always right)."""
+
+    action: int | None = None
+    left: int = -1
+    right: int = -1
+    estimator: Any = None
+    constant: bool | None = None
+
+
+def _tree_layout(k: int) -> list[_Node]:
+    """Filter-tree skeleton over actions 0..k-1 (pre-order, root first)."""
+    nodes: list[_Node] = []
+
+    def build(lo: int, hi: int) -> int:
+        idx = len(nodes)
+        nodes.append(_Node())
+        if hi - lo == 1:
+            nodes[idx].action = lo
+            return idx
+        mid = lo + (hi - lo + 1) // 2
+        nodes[idx].left = build(lo, mid)
+        nodes[idx].right = build(mid, hi)
+        return idx
+
+    build(0, k)
+    return nodes
+
+
+def _constant_path(nodes: list[_Node], action: int) -> None:
+    """Make every internal node a constant so that the tree always returns ``action``."""
+
+    def contains(idx: int) -> bool:
+        node = nodes[idx]
+        if node.action is not None:
+            return node.action == action
+        return contains(node.left) or contains(node.right)
+
+    for node in nodes:
+        if node.action is None:
+            node.constant = contains(node.right)
+
+
+@dataclass
+class _Policy:
+    """The trained policy of one state: ``actions[a]`` is None for stop, else a group index."""
+
+    actions: list[int | None]
+    nodes: list[_Node]
+
+    def predict(self, Xs: FloatArray) -> IntArray:
+        """Action index per row (uses the fitted sklearn pipelines)."""
+        n = Xs.shape[0]
+        node_of = np.zeros(n, dtype=np.int64)
+        out = np.full(n, -1, dtype=np.int64)
+        pending = np.arange(n)
+        while pending.size:
+            next_pending = []
+            for idx in np.unique(node_of[pending]):
+                rows = pending[node_of[pending] == idx]
+                node = self.nodes[int(idx)]
+                if node.action is not None:
+                    out[rows] = node.action
+                    continue
+                if node.constant is not None:
+                    go_right = np.full(rows.size, node.constant)
+                else:
+                    go_right = np.asarray(node.estimator.predict(Xs[rows])) == 1
+                node_of[rows] = np.where(go_right, node.right, node.left)
+                next_pending.append(rows)
+            pending = np.concatenate(next_pending) if next_pending else np.zeros(0, np.int64)
+        return out
+
+
+def _binary_pipeline(C: float, random_state: int) -> Pipeline:
+    return Pipeline(
+        [
+            ("scale", StandardScaler()),
+            ("clf", LogisticRegression(C=C, max_iter=_MAX_ITER, random_state=random_state)),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class _BankJob:
+    """What every classifier-bank task reads (shared with the executor's workers once)."""
+
+    X: FloatArray
+    y: IntArray
+    C: float
+    folds: int
+    random_state: int
+
+
+def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, Pipeline]:
+    """One state's classifier on columns ``cols``: its out-of-fold 0/1 loss per training row
+    (seeded stratified folds) and the pipeline refit on every row."""
+    Xs = job.X[:, cols]
+    cv = StratifiedKFold(n_splits=job.folds, shuffle=True, random_state=job.random_state)
+    oof = cross_val_predict(_binary_pipeline(job.C, job.random_state), Xs, job.y, cv=cv)
+    loss = (np.asarray(oof) != job.y).astype(np.float64)
+    return loss, _binary_pipeline(job.C, job.random_state).fit(Xs, job.y)
+
+
+def _train_filter_tree(
+    Xs: FloatArray, costs: FloatArray, C: float, random_state: int
+) -> list[_Node]:
+    """Train a filter tree for the cost matrix ``costs`` (rows x k actions) on features Xs."""
+    n, k = costs.shape
+    nodes = _tree_layout(k)
+    rows = np.arange(n)
+
+    def train(idx: int) -> IntArray:
+        node = nodes[idx]
+        if node.action is not None:
+            return np.full(n, node.action, dtype=np.int64)
+        win_l = train(node.left)
+        win_r = train(node.right)
+        c_l = costs[rows, win_l]
+        c_r = costs[rows, win_r]
+        weight = np.abs(c_l - c_r)
+        label = (c_r < c_l).astype(np.int64)
+        keep = weight > _TIE
+        labels_kept = np.unique(label[keep])
+        if labels_kept.size == 0:
+            node.constant = False
+        elif labels_kept.size == 1:
+            node.constant = bool(labels_kept[0] == 1)
+        else:
+            est = _binary_pipeline(C, random_state)
+            est.fit(Xs[keep], label[keep], clf__sample_weight=weight[keep])
+            node.estimator = est
+        if node.constant is not None:
+            go_right = np.full(n, node.constant)
+        else:
+            go_right = np.asarray(node.estimator.predict(Xs)) == 1
+        return np.where(go_right, win_r, win_l)
+
+    train(0)
+    return nodes
+
+
+def _export_node(node: _Node, d: int) -> dict[str, Any]:
+    if node.action is not None:
+        return {"action": node.action}
+    if node.constant is not None:
+        return {
+            "left": node.left,
+            "right": node.right,
+            "weights": np.zeros(d),
+            "bias": 1.0 if node.constant else -1.0,
+            "constant": True,
+        }
+    scaler: StandardScaler = node.estimator.named_steps["scale"]
+    clf: LogisticRegression = node.estimator.named_steps["clf"]
+    coef = np.asarray(clf.coef_, dtype=np.float64)[0]
+    scale = np.asarray(scaler.scale_, dtype=np.float64)
+    mean = np.asarray(scaler.mean_, dtype=np.float64)
+    weights = coef / scale
+    bias = float(np.asarray(clf.intercept_, dtype=np.float64)[0] - float(np.dot(weights, mean)))
+    return {
+        "left": node.left,
+        "right": node.right,
+        "weights": weights,
+        "bias": bias,
+        "constant": False,
+    }
+
+
+def decide_nodes(nodes: Sequence[Mapping[str, Any]], x: Any) -> Any:
+    """Run exported filter-tree ``nodes`` (see module docstring) on the state's columns ``x``:
+    a 1-D row gives an ``int`` action, a 2-D array gives one action per row. Pure numpy."""
+    xa = np.asarray(x, dtype=np.float64)
+    single = xa.ndim == 1
+    X2 = xa[None, :] if single else xa
+    n = X2.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    node_of = np.zeros(n, dtype=np.int64)
+    pending = np.arange(n)
+    while pending.size:
+        nxt = []
+        for idx in np.unique(node_of[pending]):
+            rows = pending[node_of[pending] == idx]
+            node = nodes[int(idx)]
+            if "action" in node:
+                out[rows] = int(node["action"])
+                continue
+            w = np.asarray(node["weights"], dtype=np.float64)
+            margin = X2[rows] @ w + float(node["bias"]) if w.size else np.full(
+                rows.size, float(node["bias"])
+            )
+            node_of[rows] = np.where(margin > 0, int(node["right"]), int(node["left"]))
+            nxt.append(rows)
+        pending = np.concatenate(nxt) if nxt else np.zeros(0, np.int64)
+    return int(out[0]) if single else out

@@ -1,0 +1,1 @@
+"""ONNX export: scikit-learn models, gating graphs, DAG policies."""

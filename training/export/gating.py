@@ -1,0 +1,325 @@
+"""Gating (paper 001) as ONNX: a fitted gated system becomes a bundle's operating point.
+
+A fitted gated system (:class:`~training.gating.AdaptLin`, :class:`~training.gating.L1Baseline`,
+:class:`~training.gating.AdaptGbrt`, GreedyMiser) becomes one operating point of a bundle's
+``gating`` strategy: a gate g over its own columns (ONNX, one score; above ``threshold`` the
+item goes to f0), a low-cost model f1 over its own columns (ONNX probabilities, or a constant
+prior when it uses none) and the shared high-cost model f0. Every exported graph is checked
+against the fitted estimator before it is used (:class:`GatingExportMismatch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from service.types import FloatArray
+from training.export.sklearn import ATOL, export_classifier
+from training.gating import AdaptGbrt, AdaptLin, L1Baseline
+
+Gated = AdaptLin | L1Baseline | AdaptGbrt
+_OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+
+
+class GatingExportMismatch(RuntimeError):
+    """An exported gate or model disagrees with the fitted estimator: nothing is written."""
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX graphs
+# --------------------------------------------------------------------------------------------
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], width: int,
+           output: str, out_width: int) -> bytes:
+    graph = helper.make_graph(
+        nodes,
+        "budgetserve_gating",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, [None, out_width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=_OPSET[:1])
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def linear_softmax_onnx(coef: FloatArray, intercept: FloatArray) -> bytes:
+    """``probabilities = softmax(features @ coef + intercept)``; coef is (columns, classes)."""
+    inits = [
+        numpy_helper.from_array(np.asarray(coef, dtype=np.float32), "W"),
+        numpy_helper.from_array(np.asarray(intercept, dtype=np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "W"], ["s0"]),
+        helper.make_node("Add", ["s0", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+    ]
+    return _model(nodes, inits, coef.shape[0], "probabilities", coef.shape[1])
+
+
+def linear_score_onnx(coef: FloatArray, intercept: float) -> bytes:
+    """``score = features @ coef + intercept`` as an (N, 1) output."""
+    inits = [
+        numpy_helper.from_array(np.asarray(coef, dtype=np.float32).reshape(-1, 1), "w"),
+        numpy_helper.from_array(np.asarray([intercept], dtype=np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["features", "w"], ["s0"]),
+        helper.make_node("Add", ["s0", "b"], ["score"]),
+    ]
+    return _model(nodes, inits, coef.shape[0], "score", 1)
+
+
+def select_columns(model_bytes: bytes, columns: Sequence[int], width: int) -> bytes:
+    """A model trained on all ``width`` columns, re-wired to take only ``columns`` (in that
+    order): a 0/1 matrix scatters them into a full-width row whose other entries are 0. Exact
+    when the model never reads the other columns (trees that never split on them)."""
+    model = onnx.load_from_string(model_bytes)
+    graph = model.graph
+    old = graph.input[0].name
+    scatter = np.zeros((len(columns), width), dtype=np.float32)
+    for j, c in enumerate(columns):
+        scatter[j, c] = 1.0
+    wide = "full_width_features"
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = wide
+    graph.initializer.append(numpy_helper.from_array(scatter, "column_scatter"))
+    graph.node.insert(0, helper.make_node("MatMul", ["features", "column_scatter"], [wide]))
+    del graph.input[:]
+    graph.input.append(
+        helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, len(columns)])
+    )
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def lightgbm_onnx(model: Any, width: int) -> bytes:
+    """A LightGBM Booster or LGBMClassifier as ONNX (``probabilities`` without ZipMap for
+    classifiers, the raw sum for a regression objective)."""
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+
+    onx = onnxmltools.convert_lightgbm(
+        model,
+        initial_types=[("features", FloatTensorType([None, width]))],
+        zipmap=False,
+        target_opset=15,  # the highest the LightGBM converter supports
+    )
+    return bytes(onx.SerializeToString())
+
+
+def _raw_score_booster(booster: lgb.Booster) -> lgb.Booster:
+    """The gate booster with its objective renamed ``regression``: its raw score (the sum of
+    its trees, g(x)) is then what converters export. The trees are unchanged."""
+    renamed = {"objective=": "objective=regression", "[objective: ": "[objective: regression]"}
+    lines = []
+    for line in booster.model_to_string().splitlines():
+        for prefix, replacement in renamed.items():
+            if line.startswith(prefix):
+                line = replacement
+        lines.append(line)
+    return lgb.Booster(model_str="\n".join(lines) + "\n")
+
+
+def _run(model: bytes, x: npt.NDArray[np.float32]) -> FloatArray:
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    name = "probabilities" if "probabilities" in outputs else outputs[-1]
+    out = session.run([name], {session.get_inputs()[0].name: x})[0]
+    return np.asarray(out, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# fitted estimator -> exported parts
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportedGate:
+    """``onnx`` None: the gate never sends an item to f0."""
+
+    onnx: bytes | None
+    columns: list[int]
+    threshold: float = 0.0
+
+
+@dataclass
+class ExportedModel:
+    """An ONNX classifier over ``columns``, or (``onnx`` None) a constant ``prior``."""
+
+    onnx: bytes | None
+    columns: list[int]
+    prior: list[float] | None = None
+
+
+@dataclass
+class ExportedSystem:
+    gate: ExportedGate
+    f1: ExportedModel
+    always_full: bool = False  # the gate sends every item to f0 (a dominated point)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-12), 1.0 - 1e-12)
+    return math.log(p / (1.0 - p))
+
+
+def _export_lin(est: AdaptLin) -> ExportedSystem:
+    f1_cols = [int(c) for c in est.f1_features_]
+    gate_cols = [int(c) for c in est.gate_features_]
+    if f1_cols:
+        f1 = ExportedModel(
+            linear_softmax_onnx(est.f1_coef_[f1_cols], est.f1_intercept_), f1_cols
+        )
+    else:
+        logits = est.f1_intercept_ - np.max(est.f1_intercept_)
+        prior = np.exp(logits) / np.exp(logits).sum()
+        f1 = ExportedModel(None, [], [float(p) for p in prior])
+    threshold = est.routing_threshold()
+    if gate_cols and math.isfinite(threshold):
+        gate = ExportedGate(
+            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_), gate_cols,
+            threshold,
+        )
+        return ExportedSystem(gate, f1)
+    return ExportedSystem(
+        ExportedGate(None, []), f1, always_full=bool(est.gate_intercept_ > threshold)
+    )
+
+
+def _export_l1(est: L1Baseline) -> ExportedSystem:
+    cols = [int(c) for c in est.selected_]
+    mean, scale = est.scaler_.mean[cols], est.scaler_.scale[cols]
+
+    def raw(coef: FloatArray, intercept: FloatArray) -> tuple[FloatArray, FloatArray]:
+        # z = (x − μ)/σ  ⇒  w_raw = w/σ, b_raw = b − Σ μ w/σ ; coef is (outputs, columns)
+        w = (coef / scale).T
+        return w, intercept - mean @ w
+
+    if est.f1_ is None:
+        f1 = ExportedModel(None, [], [float(p) for p in est.prior_])
+    else:
+        w, b = raw(est.f1_.coef_, est.f1_.intercept_)
+        if w.shape[1] == 1:  # binary logistic regression: softmax over [0, s]
+            w, b = np.hstack([np.zeros_like(w), w]), np.concatenate([[0.0], b])
+        f1 = ExportedModel(linear_softmax_onnx(w, b), cols)
+    if est.gate_ is None:
+        routes_all = est.gate_const_ < float(est.gate_threshold)
+        return ExportedSystem(ExportedGate(None, []), f1, always_full=routes_all)
+    # route when P(correct) < τ  ⇔  −logit P(correct) > −logit τ
+    w, b = raw(est.gate_.coef_, est.gate_.intercept_)
+    gate = ExportedGate(
+        linear_score_onnx(-w[:, 0], float(-b[0])), cols, threshold=-_logit(est.gate_threshold)
+    )
+    return ExportedSystem(gate, f1)
+
+
+def _export_gbrt(est: AdaptGbrt) -> ExportedSystem:
+    k = est.n_features_in_
+    f1_cols = [int(c) for c in est.f1_features_]
+    booster = est.f1_booster_
+    assert booster is not None
+    if f1_cols:
+        f1 = ExportedModel(select_columns(lightgbm_onnx(booster, k), f1_cols, k), f1_cols)
+    else:  # stumps only: a constant
+        f1 = ExportedModel(None, [], [float(p) for p in est.f1_proba(np.zeros((1, k)))[0]])
+    gate_booster = est.gate_booster_
+    gate_cols = [int(c) for c in est.gate_features_]
+    threshold = est.routing_threshold()
+    if gate_booster is None or not math.isfinite(threshold):
+        return ExportedSystem(ExportedGate(None, []), f1)
+    if not gate_cols:
+        constant = float(est.gate_score(np.zeros((1, k)))[0])
+        return ExportedSystem(ExportedGate(None, []), f1, always_full=constant > threshold)
+    gate_onnx = lightgbm_onnx(_raw_score_booster(gate_booster), k)
+    return ExportedSystem(
+        ExportedGate(select_columns(gate_onnx, gate_cols, k), gate_cols, threshold), f1
+    )
+
+
+def export_system(est: Gated) -> ExportedSystem:
+    """The gate and f1 of a fitted gated system, as ONNX over the columns each one uses."""
+    if isinstance(est, AdaptGbrt):
+        return _export_gbrt(est)
+    if isinstance(est, AdaptLin):
+        return _export_lin(est)
+    return _export_l1(est)
+
+
+def export_f0(model: Any, width: int) -> bytes:
+    """f0 (fitted on all ``width`` columns, classes as indices) as ONNX probabilities."""
+    if isinstance(model, lgb.LGBMClassifier | lgb.Booster):
+        return lightgbm_onnx(model, width)
+    return export_classifier(model, width)
+
+
+def system_outputs(est: Gated, X: FloatArray) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """What the fitted estimator does on rows ``X``: (sent to f0, f1's probabilities)."""
+    if isinstance(est, L1Baseline):
+        return est.route(X), est._f1_proba_z(est._z(X))
+    return est.route(X), est.f1_proba(X)
+
+
+#: Share of check rows allowed to differ: the ONNX tree converter stores split thresholds in
+#: float32, so a row whose value rounds onto a threshold takes the other branch.
+FLOAT32_FLIPS = 0.002
+
+
+def tolerant_deviation(got: FloatArray, expected: FloatArray, label: str) -> float:
+    """The largest |got − expected| over the rows that agree to ``ATOL``; raises
+    :class:`GatingExportMismatch` when the shapes differ or more than ``FLOAT32_FLIPS`` of
+    the rows do not agree (one float32 threshold collision must not fail a build; a wrong
+    export fails on far more rows)."""
+    if got.shape != expected.shape:
+        raise GatingExportMismatch(
+            f"{label} ONNX gives shape {got.shape}, the fitted model {expected.shape}"
+        )
+    if not got.size:
+        return 0.0
+    per_row = np.max(np.abs(got - expected).reshape(got.shape[0], -1), axis=1)
+    bad = per_row > ATOL
+    allowed = max(1, int(FLOAT32_FLIPS * bad.size))
+    if int(bad.sum()) > allowed:
+        raise GatingExportMismatch(
+            f"{label} ONNX differs from the fitted model by up to {per_row.max():.3g} on "
+            f"{int(bad.sum())} of {bad.size} check rows (allowed: {allowed}, "
+            f"{FLOAT32_FLIPS:.1%} of the rows or one, for float32 threshold rounding)"
+        )
+    return float(per_row[~bad].max()) if np.any(~bad) else 0.0
+
+
+def verify_system(est: Gated, system: ExportedSystem, X: FloatArray, *, label: str) -> float:
+    """Run the exported gate and f1 on ``X`` and compare with the fitted estimator; raises
+    :class:`GatingExportMismatch`. Returns the largest probability deviation."""
+    x32 = np.asarray(X, dtype=np.float32)
+    routed, f1_expected = system_outputs(est, np.asarray(x32, dtype=np.float64))
+    if system.f1.onnx is None:
+        assert system.f1.prior is not None
+        f1_got = np.tile(np.asarray(system.f1.prior), (X.shape[0], 1))
+    else:
+        f1_got = _run(system.f1.onnx, x32[:, system.f1.columns])
+    err = tolerant_deviation(f1_got, f1_expected, f"{label}: f1")
+    gate = system.gate
+    if gate.onnx is None:
+        got_routed = np.full(X.shape[0], system.always_full)
+    else:
+        got_routed = _run(gate.onnx, x32[:, gate.columns])[:, 0] > gate.threshold
+    # float32 inference may flip items that sit on the threshold; anything more is a bug.
+    disagree = float(np.mean(got_routed != routed))
+    if int(np.sum(got_routed != routed)) > max(1, int(FLOAT32_FLIPS * X.shape[0])):
+        raise GatingExportMismatch(
+            f"{label}: the exported gate routes {disagree:.1%} of the check rows differently"
+        )
+    return err
