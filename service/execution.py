@@ -212,12 +212,14 @@ def run_session(
                     f"fell back with {answer!r}; a fallback must return an Answer with a "
                     "model computable from the features in hand",
                 )
-            return SessionRun(answer, session, features, acquired, charged, acquire_ms,
-                              stopped_early=True)
+            return SessionRun(
+                answer, session, features, acquired, charged, acquire_ms, stopped_early=True
+            )
         step: Step = session.step(obs)
         if isinstance(step, Answer):
-            return SessionRun(step, session, features, acquired, charged, acquire_ms,
-                              stopped_early=False)
+            return SessionRun(
+                step, session, features, acquired, charged, acquire_ms, stopped_early=False
+            )
         if not isinstance(step, Acquire):
             raise StrategyFault(
                 runtime.name, f"returned {step!r} as a step; required: an Acquire or an Answer"
