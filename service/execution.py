@@ -198,8 +198,9 @@ def run_session(
     plan_budget = max(budget - reserve, 0.0)
     session = runtime.begin(size, max(plan_budget - meter.spent(), 0.0), frozenset(features))
     names = source.names
-    # A session that honours its contract acquires each feature at most once, so it answers
-    # within this many steps; the bound keeps a faulty one from looping forever.
+    # Each step acquires a new feature of ``names`` or ends the loop (the checks below), so no
+    # session, faulty or not, takes more steps than this; the bound states that termination
+    # locally rather than leaving it to those checks.
     steps = len(names) + 1
     for _ in range(steps):
         spent = meter.spent()
