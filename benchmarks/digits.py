@@ -32,7 +32,7 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
     )
     from benchmarks.polydom import digits_epsilon_sweep, render_digits
 
-    lines += ["", *render_digits(*digits_epsilon_sweep()).splitlines()]
+    lines += render_digits(*digits_epsilon_sweep()).splitlines()
     lines += prose("digits", "epsilon", epsilon=polydom.epsilon, delta=polydom.delta,
                    half_epsilon=f"{polydom.epsilon / 2:g}")
     lines += [

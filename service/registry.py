@@ -7,6 +7,7 @@ fails any of these is kept out of service and reported with the reason.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -145,11 +146,27 @@ def _read_manifest(path: Path) -> Manifest:
             for e in problems[:5]
         )
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise BundleError(f"{MANIFEST_FILE} is not a valid manifest: {shown}{more}") from exc
+        raise BundleError(
+            f"{MANIFEST_FILE} is not a valid manifest: {shown}{more}",
+            bundle=_declared_name(entry),
+        ) from exc
     except OSError as exc:
         raise BundleError(f"cannot read {MANIFEST_FILE}: {exc.strerror or exc}") from exc
     except ValueError as exc:  # not UTF-8
         raise BundleError(f"cannot read {MANIFEST_FILE}: {type(exc).__name__}") from exc
+
+
+def _declared_name(entry: Path) -> str | None:
+    """The ``name`` a manifest that failed validation declares, if it is readable JSON with a
+    plain string name (so requests for that name get 503 rather than 404)."""
+    try:
+        raw = json.loads(entry.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    name = raw.get("name") if isinstance(raw, dict) else None
+    if isinstance(name, str) and 0 < len(name) <= 128 and name.isprintable():
+        return name
+    return None
 
 
 def _load(

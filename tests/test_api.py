@@ -6,8 +6,9 @@ import base64
 import io
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -324,11 +325,12 @@ def test_broken_bundle_is_reported_not_served(tmp_path: Path, tiny_bundle_dir: P
 
     good = tmp_path / "tiny"
     shutil.copytree(tiny_bundle_dir, good)
-    for name, mutate in (
+    mutations: tuple[tuple[str, Callable[[dict[str, Any]], None]], ...] = (
         ("broken", lambda m: m["extractors"][0].update(version="99")),
         ("badparams", lambda m: m["extractors"][1].update(params={"bogus": 1})),
         ("badindex", lambda m: m["strategies"][0]["index"].update(skylines=[["nope"]])),
-    ):
+    )
+    for name, mutate in mutations:
         folder = tmp_path / name
         shutil.copytree(tiny_bundle_dir, folder)
         manifest = json.loads((folder / "manifest.json").read_text())

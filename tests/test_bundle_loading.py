@@ -150,12 +150,16 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
         version="99"), name="renamed")
     _copy(tiny_bundle_dir, models, "garbled-onnx", lambda m, folder: (
         folder / _first_file_model(m)["file"]).write_bytes(b"not an onnx model"))
+    _copy(tiny_bundle_dir, models, "escaping-file",
+          lambda m, _: _first_file_model(m).update(file="../../etc/passwd"), name="escaping-name")
     broken_json = models / "broken-json"
     shutil.copytree(tiny_bundle_dir, broken_json)
     (broken_json / "manifest.json").write_text('{"name": "SECRET-MANIFEST-BYTES", ')
     invalid = models / "invalid"
     shutil.copytree(tiny_bundle_dir, invalid)
-    (invalid / "manifest.json").write_text(json.dumps({"name": "SECRET-MANIFEST-BYTES"}))
+    # Fails validation, but declares a name: requests for that name get 503, not 404.
+    (invalid / "manifest.json").write_text(
+        json.dumps({"name": "declared", "description": "SECRET-MANIFEST-BYTES"}))
     directory = models / "dir-manifest"
     (directory / "manifest.json").mkdir(parents=True)
     (models / "escaping-manifest").mkdir()
@@ -168,9 +172,13 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
         by_folder = client.post("/predict", json={"model": "old-folder", "item": ITEM,
                                                   "budget": 5})
         served = client.post("/predict", json={"model": "tiny", "item": ITEM, "budget": 5})
+        declared = client.post("/predict", json={"model": "declared", "item": ITEM,
+                                                 "budget": 5})
+        escaping = client.get("/models/escaping-name")
     failed = {f["folder"]: f for f in listed["failed"]}
     assert set(failed) == {"old-folder", "garbled-onnx", "broken-json", "invalid",
-                           "dir-manifest", "escaping-manifest"}
+                           "dir-manifest", "escaping-manifest", "escaping-file"}
+    assert failed["escaping-file"]["name"] == "escaping-name"
     assert failed["old-folder"]["name"] == "renamed"
     assert "thumbnail" in failed["old-folder"]["error"] and "99" in failed["old-folder"]["error"]
     assert failed["garbled-onnx"]["name"] == "garbled-onnx"
@@ -178,15 +186,17 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
     assert failed["broken-json"]["error"].startswith("manifest.json is not a valid manifest")
     assert "Invalid JSON" in failed["broken-json"]["error"]
     assert "version: Field required" in failed["invalid"]["error"]
+    assert failed["invalid"]["name"] == "declared"
+    assert failed["broken-json"]["name"] == "broken-json"  # no readable name: the folder's
     assert failed["dir-manifest"]["error"] == "manifest.json is a directory, not a file"
     assert "outside the bundle folder" in failed["escaping-manifest"]["error"]
     assert "renamed" in ready["failed"] and "tiny" in ready["models"]
 
     assert served.status_code == 200
-    for r in (renamed, by_folder):
+    for r in (renamed, by_folder, declared, escaping):
         assert r.status_code == 503, r.text
         assert r.json()["error"]["type"] == "model_not_ready"
-    text = json.dumps([listed, ready, renamed.json(), by_folder.json()])
+    text = json.dumps([listed, ready, renamed.json(), by_folder.json(), declared.json()])
     assert "SECRET-MANIFEST-BYTES" not in text, "raw manifest bytes are not for clients"
     assert str(tmp_path) not in text and str(tiny_bundle_dir) not in text
     assert str(Path.cwd()) not in text

@@ -247,12 +247,13 @@ def test_same_id_different_picture_across_workers_with_redis(
     with TestClient(create_app(settings)) as one, TestClient(create_app(settings)) as two:
         _poisoning_attempt(lambda item: _predict(one, item, budget=200.0),
                            lambda item: _predict(two, item, budget=200.0))
-    keys = [k.decode() for k in redis.Redis.from_url(redis_url).keys("bs:*")]
+    keys = [k.decode() if isinstance(k, bytes) else k
+            for k in redis.Redis.from_url(redis_url).keys("bs:*")]
     assert keys and not any("scan-42" in k for k in keys), "no client text in Redis keys"
 
 
 def _router_rows() -> tuple[list[float], list[float]]:
-    from training.dag_data import make_router_data
+    from training.data.synthetic import make_router_data
 
     x, y = make_router_data(40, seed=11)
     first = next(i for i in range(len(y)) if y[i] == y[0])

@@ -183,9 +183,10 @@ def routes() -> set[str]:
 def uvicorn_graceful_timeouts() -> list[float]:
     tree = ast.parse((ROOT / "service" / "__main__.py").read_text())
     return [
-        kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+        float(kw.value.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
         for kw in node.keywords
         if kw.arg == "timeout_graceful_shutdown" and isinstance(kw.value, ast.Constant)
+        and isinstance(kw.value.value, int | float)
     ]
 
 
@@ -244,9 +245,9 @@ def test_selectors_and_ports_agree(rendered: list[Resource]) -> None:
                 for c in containers(targets[0]) if c.get("ports")
             ), f"Service {name} port {port} reaches no container port"
     deployment, _ = app_deployment(rendered)
-    service = [s for s in kind(rendered, "Service")
-               if selected(rendered, s["spec"]["selector"]) == [deployment]]
-    assert service, "no Service in front of the budgetserve Deployment"
+    fronts = [s for s in kind(rendered, "Service")
+              if selected(rendered, s["spec"]["selector"]) == [deployment]]
+    assert fronts, "no Service in front of the budgetserve Deployment"
 
 
 def test_network_policies_admit_the_api_to_redis_only(rendered: list[Resource]) -> None:

@@ -121,7 +121,7 @@ EXPECTED_FAILURES: dict[str, str] = {
 }
 
 
-@parametrize_with_checks(
+@parametrize_with_checks(  # type: ignore[untyped-decorator]
     [_adapt_lin(), _l1(), _gbrt()], expected_failed_checks=lambda _est: EXPECTED_FAILURES
 )
 def test_sklearn_checks(estimator: Any, check: Callable[[Any], None]) -> None:

@@ -257,8 +257,9 @@ def test_sweep_elsewhere_is_the_same(
 def test_map_keeps_the_items_order(request: pytest.FixtureRequest, kind: str) -> None:
     if kind == "ray":
         request.getfixturevalue("ray_local")
-    ex = {"inline": lambda: INLINE, "joblib": lambda: LocalExecutor(2),
-          "ray": lambda: RayExecutor()}[kind]()
+    makers: dict[str, Callable[[], Executor]] = {
+        "inline": lambda: INLINE, "joblib": lambda: LocalExecutor(2), "ray": RayExecutor}
+    ex = makers[kind]()
     items = list(range(40, 0, -3))
     with ex:
         assert ex.map(operator.sub, items, shared=(1000,)) == [1000 - i for i in items]
@@ -357,7 +358,7 @@ def test_cli_passes_the_executor_options_through(
     assert isinstance(seen["executor"], Recorder)
     result = CliRunner().invoke(app, ["build", "--out", str(tmp_path / "digits"),
                                       "--n-jobs", "2"])
-    assert recorder.made[-1] == ("local", None, 2)
+    assert recorder.made[-1:] == [("local", None, 2)]
 
 
 def plain(output: str) -> str:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from service.api import create_app
-from service.bundle import read_manifest
+from service.bundle import DagStrategy, read_manifest
 from service.cache import InProcessCache
 from service.settings import Settings
 from training.bundles.dag import DagSpec, build_dag_bundle
@@ -32,10 +34,10 @@ def router_dir(router_bundle_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(router_dir: Path) -> TestClient:
+def client(router_dir: Path) -> Iterator[TestClient]:
     app = create_app(Settings(models_dir=router_dir.parent), cache=InProcessCache(1 << 20))
     with TestClient(app) as c:
-        yield c  # type: ignore[misc]
+        yield c
 
 
 def _item(x: np.ndarray, item_id: str | None = None) -> dict[str, object]:
@@ -116,7 +118,7 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
     lines = [",".join([*COLUMNS, "label"])]
     lines += [",".join([*map(str, row), str(label)]) for row, label in zip(x, y, strict=True)]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
-    spec = {"name": "router2", "label": "label", "sensors": SPEC.sensors,
+    spec: dict[str, Any] = {"name": "router2", "label": "label", "sensors": SPEC.sensors,
             "costs": SPEC.costs, "cost_scales": [0.03]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
@@ -124,7 +126,7 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
                                       str(tmp_path / "router2")])
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "router2").name == "router2"
-    bad = dict(spec, sensors={**SPEC.sensors, "r": ["r", "nope"]})
+    bad = {**spec, "sensors": {**SPEC.sensors, "r": ["r", "nope"]}}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
                                       str(tmp_path / "bad.json")])
@@ -186,7 +188,9 @@ def test_hard_cap_cuts_walks_that_would_overspend(built: tuple[Path, list]) -> N
 
     path, _models = built
     bundle = load_bundle(path, 1)
-    routing = next(i for i, m in enumerate(bundle.manifest.strategies[0].policies)
+    dag = bundle.manifest.strategies[0]
+    assert isinstance(dag, DagStrategy)
+    routing = next(i for i, m in enumerate(dag.policies)
                    if 5.0 < m.mean_cost < 7.0)  # the operating point that buys r then a or b
     x, _ = make_router_data(60, seed=10)
     cut = 0

@@ -203,8 +203,8 @@ def test_cli_builds_a_valid_gating_bundle(tmp_path: Path) -> None:
     assert ids[0] == "f0" and len(ids) >= 2
     full = sum(range(1, 9))
     for point in strategy.points:
-        assert (out / manifest.model(point.low_model).file).is_file() if manifest.model(
-            point.low_model).file else True
+        low_file = manifest.model(point.low_model).file
+        assert low_file is None or (out / low_file).is_file()
         if point.gate_file:
             assert (out / point.gate_file).is_file()
         assert 0 <= point.mean_cost <= full + 1e-9
@@ -349,7 +349,8 @@ def test_non_finite_gate_thresholds_cannot_be_written() -> None:
 
     from service.bundle import GatePoint
 
-    base = {"id": "p", "method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.01,
+    base: dict[str, Any] = {
+            "id": "p", "method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.01,
             "low_model": "a", "high_model": "b", "mean_cost": 1.0, "fraction_full": 0.1,
             "accuracy": 0.9}
     for bad in (float("inf"), float("nan")):
