@@ -1,20 +1,257 @@
-"""The plan → extract → infer loop of one request, shared by the HTTP handler and by
-offline evaluation (``budgetserve-train evaluate``), so both measure the same thing."""
+"""The plan → acquire → infer loop of one request.
+
+One loop, :func:`run_session`, drives a strategy session to its answer. It is shared by the
+HTTP handler and offline evaluation (through :func:`execute`, ``budgetserve-train
+evaluate``) and by the cost simulator (``training.simulate``), so all of them measure the same
+thing. What differs between them is behind two small protocols:
+
+* a :class:`FeatureSource` acquires a feature: the bundle's extractor run on the item
+  (:class:`ExtractorSource`, in the calling thread; the handler runs the whole loop on its
+  extraction threads, after the cache read) or a lookup in a simulation;
+* a :class:`CostMeter` says what has been spent: measured wall time (:class:`MeasuredCost`,
+  which also feeds the bundle's cost calibrator), the manifest's declared cost of each
+  feature (:class:`DeclaredCost`), or a simulated cost drawn from a noise model.
+
+The loop also holds every strategy to the session contract (``service.strategies.base``):
+a step is an :class:`Acquire` of a feature the source knows and that is not yet in hand,
+or an :class:`Answer`; the fallback answers; and no session takes more than one step per
+feature plus the answer. A strategy that breaks it raises :class:`StrategyFault` — a server
+bug, never the client's (the API answers 500) — instead of re-extracting, looping forever or
+failing with a ``KeyError``.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from service.calibration import CostCalibrator
 from service.errors import ExtractionFailed
+from service.extractors.base import Extractor
 from service.items import DecodedItem
 from service.registry import Bundle
-from service.strategies.base import Acquire, Answer, Observation, Step, StrategyRuntime
+from service.strategies.base import (
+    Acquire,
+    Answer,
+    Observation,
+    Session,
+    Step,
+    StrategyRuntime,
+)
 from service.types import FloatVector
+
+
+class StrategyFault(RuntimeError):
+    """A strategy runtime broke the session contract of ``service.strategies.base``.
+
+    A bug in the strategy (or its bundle), not in the request: the HTTP layer reports it as
+    a 500 ``internal_error``. ``strategy`` names the runtime at fault."""
+
+    def __init__(self, strategy: str, message: str) -> None:
+        super().__init__(f"strategy {strategy!r} {message}")
+        self.strategy = strategy
+
+
+class FeatureSource(Protocol):
+    """How a feature is acquired."""
+
+    @property
+    def names(self) -> Collection[str]:
+        """Every feature this source can acquire (a session may ask for no other)."""
+        ...
+
+    def acquire(self, feature: str) -> FloatVector:
+        """The feature's vector. Raise a ``BudgetServeError`` (e.g. ``ExtractionFailed``)
+        for an item it cannot be computed from."""
+        ...
+
+
+class CostMeter(Protocol):
+    """How the cost a request has spent is metered, in the unit of its budget."""
+
+    def spent(self) -> float:
+        """The cost spent so far (called before every step and once at the end)."""
+        ...
+
+    def charge(self, feature: str, seconds: float) -> float:
+        """Account for acquiring ``feature``, which took ``seconds`` of wall time; returns
+        the cost charged for it."""
+        ...
+
+
+class ExtractorSource:
+    """The bundle's extractors run on the item, in the calling thread; each result is
+    checked to be ``(dims,)`` finite float32, else :class:`ExtractionFailed`."""
+
+    def __init__(self, extractors: Mapping[str, Extractor], data: Any) -> None:
+        self.extractors = extractors
+        self.data = data
+
+    @property
+    def names(self) -> Collection[str]:
+        return self.extractors.keys()
+
+    def acquire(self, feature: str) -> FloatVector:
+        extractor = self.extractors[feature]
+        try:
+            vector = np.ascontiguousarray(extractor.extract(self.data), dtype=np.float32)
+        except (ValueError, TypeError, ArithmeticError, IndexError) as exc:
+            raise ExtractionFailed(feature, str(exc)) from exc
+        if vector.shape != (extractor.dims,) or not np.all(np.isfinite(vector)):
+            raise ExtractionFailed(
+                feature,
+                f"returned shape {vector.shape} or non-finite values; expected "
+                f"({extractor.dims},) finite float32",
+            )
+        return vector
+
+
+class MeasuredCost:
+    """Milliseconds of wall time since ``start`` (a ``perf_counter()``); every extraction's
+    time is recorded in ``calibrator`` for items of ``size``."""
+
+    def __init__(self, start: float, calibrator: CostCalibrator, size: int) -> None:
+        self.start = start
+        self.calibrator = calibrator
+        self.size = size
+
+    def spent(self) -> float:
+        return _ms_since(self.start)
+
+    def charge(self, feature: str, seconds: float) -> float:
+        self.calibrator.record(feature, self.size, seconds * 1000.0)
+        return seconds * 1000.0
+
+
+class DeclaredCost:
+    """The declared cost of each feature acquired (``per_feature``, e.g. the manifest's
+    curves at the item's size), in the manifest's own unit; time is not charged."""
+
+    def __init__(self, per_feature: Mapping[str, float]) -> None:
+        self.per_feature = per_feature
+        self.total = 0.0
+
+    def spent(self) -> float:
+        return self.total
+
+    def charge(self, feature: str, seconds: float) -> float:
+        cost = self.per_feature[feature]
+        self.total += cost
+        return cost
+
+
+@dataclass
+class SessionRun:
+    """What :func:`run_session` produced: the answer, how it was reached and what was
+    acquired. ``acquired``, ``charged`` and ``acquire_ms`` are in acquisition order:
+    the vectors, the cost each was charged and the wall time each took."""
+
+    answer: Answer
+    session: Session
+    features: dict[str, FloatVector]
+    acquired: dict[str, FloatVector]
+    charged: dict[str, float]
+    acquire_ms: dict[str, float]
+    stopped_early: bool
+
+
+def _noop(name: str, seconds: float) -> None:
+    return None
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+def run_session(
+    runtime: StrategyRuntime,
+    size: int,
+    budget: float,
+    in_hand: Mapping[str, FloatVector],
+    source: FeatureSource,
+    meter: CostMeter,
+    *,
+    reserve: float = 0.0,
+    on_acquire: Callable[[str, float], None] = _noop,
+) -> SessionRun:
+    """Drive one session of ``runtime`` to its answer.
+
+    Features are planned within ``budget - reserve`` (never below 0) less what ``meter``
+    has already spent; ``in_hand`` are free. Before every step, once ``meter.spent()``
+    passes ``budget`` the session's fallback answers from the features in hand
+    (``stopped_early``). Each acquisition goes through ``source``, is reported to
+    ``on_acquire(feature, seconds)`` and charged to ``meter``.
+
+    Raises :class:`StrategyFault` when the session breaks its contract: a step that is
+    neither ``Acquire`` nor ``Answer``, a fallback that does not answer, an ``Acquire`` of a
+    feature ``source`` does not know or of one already in hand, or no answer within one
+    step per feature of ``source`` plus one.
+    """
+    features: dict[str, FloatVector] = dict(in_hand)
+    acquired: dict[str, FloatVector] = {}
+    charged: dict[str, float] = {}
+    acquire_ms: dict[str, float] = {}
+    plan_budget = max(budget - reserve, 0.0)
+    session = runtime.begin(size, max(plan_budget - meter.spent(), 0.0), frozenset(features))
+    names = source.names
+    # Each step acquires a new feature of ``names`` or ends the loop (the checks below), so no
+    # session, faulty or not, takes more steps than this; the bound states that termination
+    # locally rather than leaving it to those checks.
+    steps = len(names) + 1
+    for _ in range(steps):
+        spent = meter.spent()
+        obs = Observation(size=size, budget=plan_budget, spent=spent, features=features)
+        if spent > budget:
+            answer = session.fallback(obs)
+            if not isinstance(answer, Answer):
+                raise StrategyFault(
+                    runtime.name,
+                    f"fell back with {answer!r}; a fallback must return an Answer with a "
+                    "model computable from the features in hand",
+                )
+            return SessionRun(
+                answer, session, features, acquired, charged, acquire_ms, stopped_early=True
+            )
+        step: Step = session.step(obs)
+        if isinstance(step, Answer):
+            return SessionRun(
+                step, session, features, acquired, charged, acquire_ms, stopped_early=False
+            )
+        if not isinstance(step, Acquire):
+            raise StrategyFault(
+                runtime.name, f"returned {step!r} as a step; required: an Acquire or an Answer"
+            )
+        feature = step.feature
+        if feature not in names:
+            raise StrategyFault(
+                runtime.name,
+                f"asked to acquire {feature!r}, which is not one of the features it can "
+                f"acquire ({sorted(names)}); a session may only acquire the bundle's extractors",
+            )
+        if feature in features:
+            how = "acquired earlier in this request" if feature in acquired else "given in hand"
+            raise StrategyFault(
+                runtime.name,
+                f"asked to acquire {feature!r}, which it already has ({how}); a session must "
+                "acquire each feature at most once and never one it was given",
+            )
+        t0 = time.perf_counter()
+        vector = source.acquire(feature)
+        elapsed = time.perf_counter() - t0
+        on_acquire(feature, elapsed)
+        charged[feature] = meter.charge(feature, elapsed)
+        acquire_ms[feature] = elapsed * 1000.0
+        features[feature] = vector
+        acquired[feature] = vector
+    raise StrategyFault(
+        runtime.name,
+        f"did not answer within {steps} steps (one per feature, plus the answer); a session "
+        "must answer once it has nothing left to acquire",
+    )
 
 
 @dataclass
@@ -35,14 +272,6 @@ class Execution:
         return self.spent > budget
 
 
-def _noop(name: str, seconds: float) -> None:
-    return None
-
-
-def _ms_since(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
-
-
 def execute(
     bundle: Bundle,
     item: DecodedItem,
@@ -55,7 +284,7 @@ def execute(
     on_extraction: Callable[[str, float], None] = _noop,
     on_inference: Callable[[str, float], None] = _noop,
 ) -> Execution:
-    """Run one request's plan.
+    """Run one request's plan on ``bundle``'s extractors, then infer.
 
     ``start`` is the ``perf_counter()`` the budget counts from (work already done, such as
     the cache read, lies between it and now). Features are planned within what is left of
@@ -68,66 +297,38 @@ def execute(
     request spends the declared cost of each feature it acquires (cached ones are free);
     there is no reserve and nothing to calibrate.
     """
-    features: dict[str, FloatVector] = dict(in_hand)
-    extracted: dict[str, FloatVector] = {}
-    extraction_ms: dict[str, float] = {}
-    measured = bundle.manifest.cost_basis == "measured"
-    declared = 0.0
-    per_feature = bundle.costs.profiled_at(item.size) if not measured else {}
-    plan_budget = max(budget - reserve_ms, 0.0) if measured else budget
-
-    def spent_now() -> float:
-        return _ms_since(start) if measured else declared
-
     runtime = bundle.runtime if runtime is None else runtime
-    session = runtime.begin(item.size, max(plan_budget - spent_now(), 0.0), frozenset(features))
-    stopped_early = False
-    step: Step
-    while True:
-        spent = spent_now()
-        obs = Observation(size=item.size, budget=plan_budget, spent=spent, features=features)
-        if spent > budget:
-            stopped_early = True
-            step = session.fallback(obs)
-            break
-        step = session.step(obs)
-        if not isinstance(step, Acquire):
-            break
-        extractor = bundle.extractors[step.feature]
-        t0 = time.perf_counter()
-        try:
-            vector = np.ascontiguousarray(extractor.extract(item.data), dtype=np.float32)
-        except (ValueError, TypeError, ArithmeticError, IndexError) as exc:
-            raise ExtractionFailed(step.feature, str(exc)) from exc
-        elapsed = time.perf_counter() - t0
-        if vector.shape != (extractor.dims,) or not np.all(np.isfinite(vector)):
-            raise ExtractionFailed(
-                step.feature,
-                f"returned shape {vector.shape} or non-finite values; expected "
-                f"({extractor.dims},) finite float32",
-            )
-        on_extraction(step.feature, elapsed)
-        if measured:
-            bundle.calibrator.record(step.feature, item.size, elapsed * 1000.0)
-        else:
-            declared += per_feature[step.feature]
-        extraction_ms[step.feature] = elapsed * 1000.0
-        features[step.feature] = vector
-        extracted[step.feature] = vector
-    assert isinstance(step, Answer)
+    meter: CostMeter
+    if bundle.manifest.cost_basis == "measured":
+        meter = MeasuredCost(start, bundle.calibrator, item.size)
+    else:
+        meter = DeclaredCost(bundle.costs.profiled_at(item.size))
+        reserve_ms = 0.0
+    run = run_session(
+        runtime,
+        item.size,
+        budget,
+        in_hand,
+        ExtractorSource(bundle.extractors, item.data),
+        meter,
+        reserve=reserve_ms,
+        on_acquire=on_extraction,
+    )
     t0 = time.perf_counter()
-    probabilities = runtime.predict(step, features)
-    finished = time.perf_counter()
-    on_inference(bundle.name, finished - t0)
+    probabilities = runtime.predict(run.answer, run.features)
+    inference_s = time.perf_counter() - t0
+    spent = meter.spent()
+    on_inference(bundle.name, inference_s)
+    session = run.session
     return Execution(
-        answer=step.model,
+        answer=run.answer.model,
         probabilities=probabilities,
         planned=session.planned,
-        stopped_early=stopped_early,
-        extracted=extracted,
-        extraction_ms=extraction_ms,
-        inference_ms=(finished - t0) * 1000.0,
-        spent=(finished - start) * 1000.0 if measured else declared,
+        stopped_early=run.stopped_early,
+        extracted=run.acquired,
+        extraction_ms=run.acquire_ms,
+        inference_ms=inference_s * 1000.0,
+        spent=spent,
         path=session.path(),
         expected_accuracy=session.expected_accuracy,
         report=session.report(),

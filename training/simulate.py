@@ -9,9 +9,10 @@ reproduces that setting without images or models:
   95th percentile of a log-normal spread σ) as every strategy's cost model, fits Poly-Dom and
   the three Greedy variants on them and builds a real :class:`~service.bundle.Manifest` and
   the real strategy runtimes of ``service.strategies``.
-* :func:`simulate` drives one request through a runtime exactly as
-  ``service.execution.execute`` does, except that each extraction "takes"
-  median(n) × LogNormal(0, σ) instead of running an extractor.
+* :func:`simulate` drives one request through a runtime with the service's own loop
+  (``service.execution.run_session``, which ``execute`` uses too), except that each
+  extraction "takes" median(n) × LogNormal(0, σ) (:class:`SimulatedCost`) instead of
+  running an extractor (:class:`SimulatedSource`).
 * :func:`sweep` runs N requests per (strategy, size, budget) cell and reports the mean
   estimated accuracy of the answers (the paper's Metric 4: the accuracy estimate of the model
   chosen, no inference) and the overrun rate (fraction of requests with spent > budget).
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,15 +36,8 @@ from service.bundle import (
     Provenance,
     model_id_for,
 )
-from service.strategies.base import (
-    Acquire,
-    Answer,
-    CostModel,
-    Observation,
-    Step,
-    StrategyRuntime,
-    strategy_for,
-)
+from service.execution import run_session
+from service.strategies.base import CostModel, StrategyRuntime, strategy_for
 from service.types import FloatArray, FloatVector, horner
 from training.bundles.digits import make_strategies, mask_features, subsets_of
 from training.greedy import VARIANTS as GREEDY_VARIANTS
@@ -200,6 +194,40 @@ class SimResult:
     stopped_early: bool = False
 
 
+class SimulatedCost:
+    """A :class:`~service.execution.CostMeter` for the simulation: acquiring a feature costs
+    its median × LogNormal(0, σ) drawn from ``rng`` (exactly the median when σ = 0);
+    wall time is not charged."""
+
+    def __init__(self, median: Mapping[str, float], rng: np.random.Generator,
+                 sigma: float) -> None:
+        self.median = median
+        self.rng = rng
+        self.sigma = sigma
+        self.total = 0.0
+
+    def spent(self) -> float:
+        return self.total
+
+    def charge(self, feature: str, seconds: float) -> float:
+        cost = self.median[feature]
+        if self.sigma > 0:
+            cost *= float(self.rng.lognormal(0.0, self.sigma))
+        self.total += cost
+        return cost
+
+
+class SimulatedSource:
+    """A :class:`~service.execution.FeatureSource` for the simulation: every feature with a
+    cost (``names``) is 'acquired' as a placeholder vector; nothing is extracted."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self.names = names
+
+    def acquire(self, feature: str) -> FloatVector:
+        return _VECTOR
+
+
 def simulate(
     runtime: StrategyRuntime,
     median_costs: FloatArray | dict[str, float],
@@ -209,51 +237,30 @@ def simulate(
     sigma: float,
     reserve: float = 0.0,
 ) -> SimResult:
-    """Drive one request like ``service.execution.execute``.
+    """Drive one request through the service's own loop, ``service.execution.run_session``.
 
     Planning uses ``budget - reserve``; before every step, once spent > budget the session's
     fallback answers. Each extraction takes median(n) × LogNormal(0, σ) (exactly the median
     when σ = 0). ``median_costs`` is the (m x D) median coefficient matrix in the order of
-    the runtime's extractors, or the per-feature medians already evaluated at ``n``.
+    the runtime's extractors, or the per-feature medians already evaluated at ``n``. A
+    runtime that breaks the session contract (acquires a feature twice, never answers)
+    raises :class:`~service.execution.StrategyFault`.
     """
     if isinstance(median_costs, dict):
         median = median_costs
     else:
         median = median_at(median_costs, runtime.costs.names, n)
-    plan_budget = max(budget - reserve, 0.0)
-    session = runtime.begin(n, plan_budget, frozenset())
-    features: dict[str, FloatVector] = {}
-    extracted: dict[str, float] = {}
-    spent = 0.0
-    stopped_early = False
-    step: Step
-    for _ in range(len(median) + 2):
-        obs = Observation(size=n, budget=plan_budget, spent=spent, features=features)
-        if spent > budget:
-            stopped_early = True
-            step = session.fallback(obs)
-            break
-        step = session.step(obs)
-        if not isinstance(step, Acquire):
-            break
-        if step.feature in features:
-            raise AssertionError(f"{runtime.name} acquired {step.feature!r} twice")
-        cost = median[step.feature]
-        if sigma > 0:
-            cost *= float(rng.lognormal(0.0, sigma))
-        spent += cost
-        features[step.feature] = _VECTOR
-        extracted[step.feature] = cost
-    else:
-        raise AssertionError(f"{runtime.name} did not answer within one step per extractor")
-    assert isinstance(step, Answer)
+    meter = SimulatedCost(median, rng, sigma)
+    run = run_session(runtime, n, budget, {}, SimulatedSource(median.keys()), meter,
+                      reserve=reserve)
+    spent = meter.spent()
     return SimResult(
-        answer=step.model,
-        accuracy=runtime.accuracy[step.model],
+        answer=run.answer.model,
+        accuracy=runtime.accuracy[run.answer.model],
         spent=spent,
         over_budget=spent > budget,
-        extracted=extracted,
-        stopped_early=stopped_early,
+        extracted=run.charged,
+        stopped_early=run.stopped_early,
     )
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.execution import StrategyFault
+from service.strategies.base import Acquire, Answer, Observation
+from tests.support.scripted_strategy import ScriptedRuntime
 from training.simulate import (
     ANYTIME,
     STRATEGIES,
@@ -167,3 +170,50 @@ def test_sweep_aggregates_cells() -> None:
     exact = synthetic_bundle(6, 1.0, 3, sigma=0.0)
     assert all(c.requests == 1 and c.overrun_rate == 0
                for c in sweep(exact, [500], [100.0, 1000.0], 20))
+
+
+# -- the simulator runs the service's loop, contract checks included -------------------------
+
+
+def test_a_strategy_acquiring_twice_is_stopped_before_a_second_draw() -> None:
+    bundle = synthetic_bundle(6, 1.0, 3, sigma=0.5)
+    runtime = ScriptedRuntime(bundle.runtimes["greedy"], lambda obs, i: Acquire("f02"))
+    rng, twin = np.random.default_rng(9), np.random.default_rng(9)
+    with pytest.raises(StrategyFault, match=r"'f02', which it already has"):
+        simulate(runtime, bundle.median_costs, 500, 1e9, rng, sigma=0.5)
+    assert len(runtime.steps) == 2
+    twin.lognormal(0.0, 0.5)
+    assert rng.random() == twin.random(), "one extraction drew its cost, the repeat none"
+
+
+def test_a_strategy_that_never_answers_is_stopped_within_one_step_per_feature() -> None:
+    bundle = synthetic_bundle(6, 1.0, 3, sigma=0.0)
+    names = bundle.names
+    runtime = ScriptedRuntime(bundle.runtimes["greedy"],
+                              lambda obs, i: Acquire(names[i % len(names)]))
+    with pytest.raises(StrategyFault):
+        simulate(runtime, bundle.median_costs, 500, 1e12, np.random.default_rng(0), 0.0)
+    assert len(runtime.steps) == len(names) + 1
+    assert sorted(runtime.steps[-1].features) == names
+    # A feature the workload has no cost for is a contract breach too, not a KeyError.
+    stray = ScriptedRuntime(bundle.runtimes["greedy"], lambda obs, i: Acquire("f99"))
+    with pytest.raises(StrategyFault, match="'f99', which is not one of the features"):
+        simulate(stray, bundle.median_costs, 500, 1e12, np.random.default_rng(0), 0.0)
+
+
+def test_a_well_behaved_script_is_charged_its_median_costs() -> None:
+    bundle = synthetic_bundle(6, 1.0, 3, sigma=0.0)
+    order = ["f03", "f00"]
+    greedy = bundle.runtimes["greedy"]
+
+    def script(obs: Observation, i: int) -> Acquire | Answer:
+        return Acquire(order[i]) if i < len(order) else Answer(
+            greedy.best_computable(set(obs.features)))
+
+    runtime = ScriptedRuntime(greedy, script)
+    median = bundle.median_at(500)
+    r = simulate(runtime, bundle.median_costs, 500, 1e12, np.random.default_rng(0), 0.0)
+    assert r.extracted == {f: median[f] for f in order}
+    assert r.spent == median["f03"] + median["f00"]
+    assert [obs.spent for obs in runtime.steps] == [0.0, median["f03"], r.spent]
+    assert set(greedy.model_features[r.answer]) <= set(order)

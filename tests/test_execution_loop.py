@@ -1,0 +1,212 @@
+"""The one request loop (``service.execution.run_session``) holds strategies to their contract.
+
+A strategy that acquires a feature twice, asks for one already in hand or one the bundle has
+no extractor for, returns something that is not a step, falls back without answering, or
+never answers is stopped with a ``StrategyFault`` naming it — in ``execute`` (the handler's
+and offline evaluation's loop) and through the handler — instead of re-extracting, looping
+forever or failing with a ``KeyError``. The misbehaving strategies are scripted runtimes
+(tests/support/scripted_strategy.py) over a real bundle: the router DAG bundle (tabular,
+declared costs r = 1, a = 5, b = 5) and the tiny digits bundle (measured costs).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from service.cache import InProcessCache
+from service.execution import StrategyFault, execute
+from service.handler import PredictHandler
+from service.items import DecodedItem
+from service.metrics import Metrics
+from service.registry import Bundle, Registry, load_bundle
+from service.strategies.base import Acquire, Answer, Observation
+from tests.conftest import digit_image
+from tests.support.scripted_strategy import ScriptedRuntime
+
+ROW = {"values": {"r": 0.5, "a1": 0.1, "a2": 0.2, "b1": 0.3, "b2": 0.4}}
+
+
+@pytest.fixture(scope="module")
+def router(router_bundle_dir: Path) -> Bundle:
+    return load_bundle(router_bundle_dir, 1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bundle_dir: Path) -> Bundle:
+    return load_bundle(tiny_bundle_dir, 1 << 24)
+
+
+def _item(bundle: Bundle) -> DecodedItem:
+    return bundle.decoder.decode(ROW)
+
+
+def _best_in_hand(runtime: ScriptedRuntime, obs: Observation) -> Answer:
+    return Answer(runtime.best_computable(set(obs.features)))
+
+
+class Extractions:
+    """Records ``on_extraction`` calls: which extractors really ran."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __call__(self, name: str, seconds: float) -> None:
+        self.names.append(name)
+
+
+def test_a_well_behaved_script_runs_to_its_answer(router: Bundle) -> None:
+    # The double itself behaves when told to: acquire r then b, answer from what is in hand.
+    order = ["r", "b"]
+
+    def script(obs: Observation, i: int) -> Any:
+        return Acquire(order[i]) if i < len(order) else _best_in_hand(runtime, obs)
+
+    runtime = ScriptedRuntime(router.runtime, script)
+    seen = Extractions()
+    run = execute(
+        router, _item(router), 100.0, {}, time.perf_counter(), runtime=runtime, on_extraction=seen
+    )
+    assert seen.names == order == list(run.extracted)
+    assert run.spent == 6.0, "declared costs: r (1) + b (5)"
+    assert not run.stopped_early
+    assert set(router.manifest.model(run.answer).features) <= {"r", "b"}
+    assert [sorted(obs.features) for obs in runtime.steps] == [[], ["r"], ["b", "r"]]
+    assert [obs.spent for obs in runtime.steps] == [0.0, 1.0, 6.0]
+
+
+def test_acquiring_a_feature_twice_is_stopped_before_extracting_it_again(
+    router: Bundle,
+) -> None:
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire("r"))
+    seen = Extractions()
+    with pytest.raises(
+        StrategyFault,
+        match=r"'scripted' asked to acquire 'r', which it "
+        r"already has \(acquired earlier in this request\)",
+    ) as caught:
+        execute(
+            router,
+            _item(router),
+            100.0,
+            {},
+            time.perf_counter(),
+            runtime=runtime,
+            on_extraction=seen,
+        )
+    assert caught.value.strategy == "scripted"
+    assert seen.names == ["r"], "the extractor ran once"
+    assert len(runtime.steps) == 2
+
+
+def test_acquiring_a_feature_in_hand_is_stopped(router: Bundle) -> None:
+    # A cached feature is in hand from the start: asking for it again is a contract breach.
+    cached = {"a": np.zeros(router.extractors["a"].dims, dtype=np.float32)}
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire("a"))
+    seen = Extractions()
+    with pytest.raises(StrategyFault, match=r"'a', which it already has \(given in hand\)"):
+        execute(
+            router,
+            _item(router),
+            100.0,
+            cached,
+            time.perf_counter(),
+            runtime=runtime,
+            on_extraction=seen,
+        )
+    assert seen.names == []
+
+
+def test_acquiring_a_feature_without_an_extractor_is_stopped(router: Bundle) -> None:
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire("zz"))
+    with pytest.raises(
+        StrategyFault,
+        match=r"'zz', which is not one of the features it can "
+        r"acquire \(\['a', 'b', 'r'\]\)",
+    ):
+        execute(router, _item(router), 100.0, {}, time.perf_counter(), runtime=runtime)
+
+
+@pytest.mark.parametrize("step", [None, "r", Answer, ("acquire", "r")])
+def test_a_step_that_is_not_a_step_is_stopped(router: Bundle, step: object) -> None:
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: step)
+    with pytest.raises(StrategyFault, match=r"as a step; required: an Acquire or an Answer"):
+        execute(router, _item(router), 100.0, {}, time.perf_counter(), runtime=runtime)
+
+
+def test_a_fallback_that_does_not_answer_is_stopped(router: Bundle) -> None:
+    # Budget 0.5: once r (cost 1) is in, the budget is spent and the fallback must answer.
+    runtime = ScriptedRuntime(
+        router.runtime, lambda obs, i: Acquire("r"), fallback=lambda obs, i: Acquire("a")
+    )
+    with pytest.raises(
+        StrategyFault,
+        match=r"fell back with Acquire\(feature='a'\); a "
+        r"fallback must return an Answer",
+    ):
+        execute(router, _item(router), 0.5, {}, time.perf_counter(), runtime=runtime)
+    assert len(runtime.fallbacks) == 1 and runtime.fallbacks[0].spent == 1.0
+
+
+def test_the_fallback_answers_once_the_budget_is_spent(router: Bundle) -> None:
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire(["r", "a", "b"][i]))
+    run = execute(router, _item(router), 0.5, {}, time.perf_counter(), runtime=runtime)
+    assert run.stopped_early and list(run.extracted) == ["r"]
+    assert run.answer == router.runtime.best_computable({"r"})
+
+
+def test_a_strategy_that_never_answers_is_stopped_within_one_step_per_extractor(
+    router: Bundle,
+) -> None:
+    # Acquires every extractor in turn, forever: stopped at the first repeat, after
+    # len(extractors) + 1 steps, with every extractor run once.
+    names = sorted(router.extractors)
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire(names[i % len(names)]))
+    seen = Extractions()
+    with pytest.raises(StrategyFault):
+        execute(
+            router, _item(router), 1e9, {}, time.perf_counter(), runtime=runtime, on_extraction=seen
+        )
+    assert len(runtime.steps) == len(names) + 1
+    assert seen.names == names
+
+
+def test_measured_costs_are_held_to_the_same_contract(tiny: Bundle) -> None:
+    item = DecodedItem(data=digit_image(0, 32), size=32 * 32, key="loop:0")
+    first = sorted(tiny.extractors)[0]
+    runtime = ScriptedRuntime(tiny.runtime, lambda obs, i: Acquire(first))
+    seen = Extractions()
+    with pytest.raises(StrategyFault, match=f"{first!r}, which it already has"):
+        execute(tiny, item, 1e6, {}, time.perf_counter(), runtime=runtime, on_extraction=seen)
+    assert seen.names == [first]
+    assert runtime.steps[1].spent > 0.0, "measured: the wall time of the extraction"
+
+
+def test_the_handler_reports_a_faulty_strategy_instead_of_looping(router: Bundle) -> None:
+    # Through the handler (the HTTP layer maps an unexpected error to a 500): the request
+    # ends with the fault, and its thread and queued bytes are given back.
+    names = sorted(router.extractors)
+    runtime = ScriptedRuntime(router.runtime, lambda obs, i: Acquire(names[i % len(names)]))
+    bundle = load_bundle(router.path, 1)
+    bundle.runtimes["scripted"] = runtime
+    handler = PredictHandler(
+        Registry(bundles={bundle.name: bundle}),
+        InProcessCache(1 << 20),
+        Metrics(),
+        reserve_ms=0.0,
+        threads=1,
+    )
+
+    async def predict(strategy: str | None) -> Any:
+        return await handler.predict(bundle.name, ROW, None, 100.0, strategy)
+
+    with pytest.raises(StrategyFault, match="'scripted'"):
+        anyio.run(predict, "scripted")
+    assert handler.held_bytes == 0 and handler.limiter.available_tokens == 1
+    response, _ = anyio.run(predict, None)
+    assert response.strategy == router.manifest.default_strategy
