@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.cache import InProcessCache
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
 
@@ -150,7 +150,7 @@ def test_openapi_documents_the_errors_each_route_returns(client: TestClient) -> 
     schema = client.get("/openapi.json").json()
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     expected = {
-        ("post", "/predict"): {"404", "413", "415", "422", "503"},
+        ("post", "/predict"): {"404", "408", "413", "415", "422", "503"},
         ("get", "/models"): {"503"},
         ("get", "/models/{name}"): {"404", "422", "503"},
         ("get", "/models/{name}/costs"): {"404", "422", "503"},
