@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.bundle import read_manifest
 from service.cache import InProcessCache
+from service.http import create_app
 from service.settings import Settings
 from training.dag_bundle import DagSpec, build_dag_bundle
 from training.dag_data import make_router_data

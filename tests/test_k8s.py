@@ -24,7 +24,7 @@ import pytest
 import yaml
 from fastapi.routing import APIRoute
 
-from service.api import create_app
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import ROOT
 from tests.deploy_support import load_image, settings_env_names, settings_from

@@ -22,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api import create_app
+from service.http import create_app
 from service.server import HeadTimeoutH11Protocol, header_timeout_s
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, free_port, png_b64

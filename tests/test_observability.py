@@ -28,8 +28,8 @@ from scripts.check_deploy import (
     compose_binary,
     compose_config_command,
 )
-from service.api import create_app
 from service.cache import InProcessCache
+from service.http import create_app
 from service.metrics import Metrics
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, png_b64
