@@ -7,13 +7,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Depends, Query
 
-from service.bundle import (
-    AnyStrategy,
-    DagStrategy,
-    GatingStrategy,
-    Manifest,
-    PolyDomStrategy,
-)
+from service.bundle import Manifest
 from service.http.errors import documented
 from service.http.state import AppState, app_state
 
@@ -49,7 +43,7 @@ async def get_model(name: str, state: State) -> dict[str, Any]:
     detail["models"] = [
         {"id": s.id, "features": s.features, "accuracy": s.accuracy} for s in m.models
     ]
-    detail["strategies"] = [_strategy_summary(s) for s in m.strategies]
+    detail["strategies"] = [s.summary() for s in m.strategies]
     detail["provenance"] = m.provenance.model_dump()
     return detail
 
@@ -108,57 +102,12 @@ def _summary(m: Manifest) -> dict[str, Any]:
     }
 
 
-def _strategy_summary(s: AnyStrategy) -> dict[str, Any]:
-    if isinstance(s, DagStrategy):
-        return {
-            "name": s.name,
-            "kind": s.kind,
-            "anytime": True,
-            "groups": s.groups,
-            "policies": [
-                {"cost_scale": p.cost_scale, "mean_cost": p.mean_cost, "error": p.error,
-                 "states": len(p.states)}
-                for p in s.policies
-            ],
-        }
-    if isinstance(s, GatingStrategy):
-        return {
-            "name": s.name,
-            "kind": s.kind,
-            "anytime": True,
-            "points": [
-                {"id": p.id, "method": p.method, "p_full": p.p_full,
-                 "regularisation": p.regularisation, "gated": p.gate_file is not None,
-                 "gate_features": p.gate_features, "low_model": p.low_model,
-                 "high_model": p.high_model, "mean_cost": p.mean_cost,
-                 "fraction_full": p.fraction_full, "accuracy": p.accuracy}
-                for p in s.points
-            ],
-        }
-    if isinstance(s, PolyDomStrategy):
-        return {
-            "name": s.name,
-            "kind": s.kind,
-            "anytime": s.anytime,
-            "epsilon": s.epsilon,
-            "delta": s.delta,
-            "size_domain": s.size_domain,
-            "candidates": s.candidates,
-            "index_ranges": len(s.index.breakpoints),
-            "stats": s.stats,
-        }
-    return {
-        "name": s.name,
-        "kind": s.kind,
-        "anytime": True,
-        "reference_size": s.reference_size,
-        "sequences": [{"lambdas": q.lambdas, "features": q.features} for q in s.sequences],
-    }
-
-
 def _size_domain(m: Manifest) -> tuple[float, float]:
+    """The sizes to sample cost curves at: a strategy's own domain when one declares it, else
+    the profiled sizes of the extractors."""
     for s in m.strategies:
-        if isinstance(s, PolyDomStrategy):
-            return s.size_domain
+        domain = s.size_domain_hint()
+        if domain is not None:
+            return domain
     sizes = [n for e in m.extractors for n in e.cost.profiled_sizes]
     return (float(min(sizes)), float(max(sizes))) if sizes else (64.0, 65536.0)
