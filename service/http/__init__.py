@@ -1,6 +1,8 @@
 """The HTTP layer: FastAPI app, routes, error mapping, middleware and request/response bodies.
 
-- ``app``: :func:`create_app`, the typed application state and the route list.
+- ``app``: :func:`create_app` and ``ROUTES``, the one list of routes (path, method,
+  endpoint, documented responses), added to the app itself so ``app.routes`` lists them.
+- ``state``: :class:`AppState`, the typed state the endpoints share (a FastAPI dependency).
 - ``predict``, ``models``, ``health``: the endpoints, one module per area.
 - ``errors``: the one status table of the error taxonomy and the exception handlers.
 - ``middleware``: :class:`BodyLimit` (413 over the size limit, 408 on a stalled body).

@@ -2,23 +2,60 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
 from service.http import health, models, predict
-from service.http.errors import install_handlers
+from service.http.errors import PREDICT_PATH, documented, install_handlers
 from service.http.middleware import BodyLimit
+from service.http.schemas import Readiness
 from service.http.state import AppState
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
+from service.schemas import PredictResponse
 from service.settings import Settings
 
-# The routes, in the order the OpenAPI schema lists them.
-ROUTERS = (predict.router, models.router, health.router)
+
+@dataclass(frozen=True)
+class Route:
+    """One route: ``options`` are ``FastAPI.add_api_route``'s (``response_model`` only where
+    the return annotation is not the schema; ``responses``: the documented errors)."""
+
+    method: str
+    path: str
+    endpoint: Callable[..., Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+# Every route of the API, in the order the OpenAPI schema lists them.
+ROUTES = (
+    Route("POST", PREDICT_PATH, predict.predict, {
+        "response_model": PredictResponse,
+        "responses": documented(404, 408, 413, 415, 422, 503)}),
+    Route("GET", "/models", models.list_models, {"responses": documented(503)}),
+    Route("GET", "/models/{name}", models.get_model, {"responses": documented(404, 422, 503)}),
+    Route("GET", "/models/{name}/costs", models.get_costs,
+          {"responses": documented(404, 422, 503)}),
+    Route("GET", "/models/{name}/skyline", models.get_skyline,
+          {"responses": documented(404, 422, 503)}),
+    Route("GET", "/healthz", health.healthz),
+    Route("GET", "/readyz", health.readyz, {
+        "response_model": Readiness,
+        "responses": {503: {"model": Readiness, "description": "no bundle loaded (yet)"}}}),
+    Route("GET", "/metrics", health.prometheus, {
+        "response_class": PlainTextResponse,
+        "responses": {200: {
+            "description": "Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }}}),
+)
 
 
 def create_app(
@@ -46,8 +83,8 @@ def create_app(
     app.state.metrics = state.metrics
     app.state.core = state
     install_handlers(app)
-    for router in ROUTERS:
-        app.include_router(router)
+    for route in ROUTES:
+        app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.options)
     app.add_middleware(
         BodyLimit, limit=settings.max_body_bytes, metrics=state.metrics,
         timeout_s=settings.body_timeout_s,

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import Depends
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.http.schemas import Readiness
 from service.http.state import AppState, app_state
 
-router = APIRouter()
 
-
-@router.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get(
-    "/readyz",
-    response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "no bundle loaded (yet)"}},
-)
 async def readyz(state: Annotated[AppState, Depends(app_state)]) -> JSONResponse:
     reg = state.registry
     # ``is not None``, never truthiness: an empty in-process cache has len() 0.
@@ -40,13 +31,5 @@ async def readyz(state: Annotated[AppState, Depends(app_state)]) -> JSONResponse
     return JSONResponse(body, status_code=200 if state.ready else 503)
 
 
-@router.get(
-    "/metrics",
-    response_class=PlainTextResponse,
-    responses={200: {
-        "description": "Prometheus text exposition format",
-        "content": {"text/plain": {"schema": {"type": "string"}}},
-    }},
-)
 async def prometheus(state: Annotated[AppState, Depends(app_state)]) -> Response:
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

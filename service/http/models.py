@@ -5,18 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Query
+from fastapi import Depends, Query
 
 from service.bundle import Manifest
-from service.http.errors import documented
 from service.http.state import AppState, app_state
-
-router = APIRouter()
 
 State = Annotated[AppState, Depends(app_state)]
 
 
-@router.get("/models", responses=documented(503))
 async def list_models(state: State) -> dict[str, Any]:
     """Loaded bundles, and the bundle folders that failed to load: ``name`` is the
     manifest's name when it parsed (else the folder's), ``error`` the reason."""
@@ -30,7 +26,6 @@ async def list_models(state: State) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}", responses=documented(404, 422, 503))
 async def get_model(name: str, state: State) -> dict[str, Any]:
     bundle = state.loaded_registry().get(name)
     m = bundle.manifest
@@ -48,7 +43,6 @@ async def get_model(name: str, state: State) -> dict[str, Any]:
     return detail
 
 
-@router.get("/models/{name}/costs", responses=documented(404, 422, 503))
 async def get_costs(name: str, state: State) -> dict[str, Any]:
     """Profiled vs live-calibrated cost curve of every extractor."""
     bundle = state.loaded_registry().get(name)
@@ -62,7 +56,6 @@ async def get_costs(name: str, state: State) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}/skyline", responses=documented(404, 422, 503))
 async def get_skyline(
     name: str,
     size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Request
+from fastapi import BackgroundTasks, Depends, Request
 
-from service.http.errors import PREDICT_PATH, documented
 from service.http.schemas import PredictRequest
 from service.http.state import AppState, app_state
 from service.metrics import UNKNOWN_MODEL
 from service.schemas import PredictResponse
 
-router = APIRouter()
 
-
-@router.post(
-    PREDICT_PATH,
-    response_model=PredictResponse,
-    responses=documented(404, 408, 413, 415, 422, 503),
-)
 async def predict(
     body: PredictRequest,
     request: Request,
