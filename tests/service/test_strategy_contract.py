@@ -26,7 +26,7 @@ from service.strategies.base import (
 from service.strategies.polydom import PolyDomRuntime
 from service.strategies.polydom_index import naive_lookup
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
 # (bundle, strategy) pairs the contract runs on: every strategy of every bundle we build.
 CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [

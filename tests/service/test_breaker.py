@@ -21,7 +21,7 @@ from service.cache import CircuitBreaker, RedisCache
 from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
-from tests.serving import RedisProcess, metric, post_json, uvicorn_thread
+from tests.service.serving import RedisProcess, metric, post_json, uvicorn_thread
 
 pytestmark = pytest.mark.redis
 
