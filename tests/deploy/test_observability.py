@@ -212,6 +212,8 @@ def test_dashboard_has_the_panels_an_operator_needs() -> None:
     extraction = exprs("Extraction time per extractor")
     assert "budgetserve_extraction_seconds_bucket" in extraction
     assert "by (extractor, le)" in extraction
+    assert "budgetserve_admission_total" in exprs("Admission when every thread is busy")
+    assert "budgetserve_cache_circuit_trips_total" in exprs("Cache circuit-breaker trips")
 
 
 def test_request_budget_metric(digits_bundle_dir: Path) -> None:
