@@ -5,6 +5,10 @@ and one ``.onnx`` file per model. ``training`` writes it, ``service`` reads it; 
 side defines the format anywhere else. The JSON Schema published in
 ``service/schema/manifest.schema.json`` is generated from these classes
 (``python -m service.bundle > service/schema/manifest.schema.json``).
+
+The module stays whole (over 400 lines) on purpose: it *is* the format, one pydantic model per
+manifest object with the checks that tie them together, and the published schema is generated
+from it; spread over several files, the one contract would have no single place to read.
 """
 
 from __future__ import annotations

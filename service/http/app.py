@@ -80,7 +80,6 @@ def create_app(
                 await state.cache.close()
 
     app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan)
-    app.state.metrics = state.metrics
     app.state.core = state
     install_handlers(app)
     for route in ROUTES:
