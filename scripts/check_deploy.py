@@ -7,7 +7,7 @@ package: the compose-spec schema and cross-references) and the Grafana dashboard
 Debian's promtool is built without Kubernetes service discovery, so the Kubernetes variant
 (deploy/prometheus/prometheus.k8s.yml) is checked with its ``kubernetes_sd_configs`` swapped
 for an equivalent file-based discovery: everything else (relabelling, rule files) is checked
-as written. tests/test_prometheus.py runs the same relabelling in a real Prometheus.
+as written. tests/deploy/test_prometheus.py runs the same relabelling in a real Prometheus.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import tempfile
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from service.api import create_app
+from service.http import create_app
 from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
 from service.settings import Settings
 
@@ -34,7 +34,7 @@ def main() -> None:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
         try:
             config = uvicorn.Config(
-                "service.api:create_app", factory=True, host=settings.host, port=settings.port,
+                "service.http:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, timeout_graceful_shutdown=30,
                 http=HeadTimeoutH11Protocol,
             )

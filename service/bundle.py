@@ -5,13 +5,18 @@ and one ``.onnx`` file per model. ``training`` writes it, ``service`` reads it; 
 side defines the format anywhere else. The JSON Schema published in
 ``service/schema/manifest.schema.json`` is generated from these classes
 (``python -m service.bundle > service/schema/manifest.schema.json``).
+
+The module stays whole (over 400 lines) on purpose: it *is* the format, one pydantic model per
+manifest object with the checks that tie them together, and the published schema is generated
+from it; spread over several files, the one contract would have no single place to read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Annotated, Any, Literal
 
@@ -57,6 +62,41 @@ BundleFile = Annotated[str, AfterValidator(bundle_relative)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StrategySpec(_Strict):
+    """What every strategy spec of a manifest has and answers: its ``kind`` (the
+    discriminator, a ``Literal`` in each subclass) and ``name``, and a description of itself
+    for the API (:meth:`summary`) and for the manifest's checks (:meth:`referenced_models`,
+    :meth:`check_extractors`).
+
+    A new strategy kind subclasses this, joins :data:`Strategy` below, and registers a
+    runtime typed by it (``StrategyRuntime[TheSpec]`` in ``service.strategies``); neither the
+    HTTP layer nor the manifest's checks name the kinds."""
+
+    kind: str
+    name: str
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready description for ``GET /models/{name}``: ``name``, ``kind``,
+        ``anytime`` and what an operator needs to read the strategy (its operating points,
+        sequences, lattice statistics...)."""
+
+    @abstractmethod
+    def referenced_models(self) -> set[str]:
+        """Ids of the bundle's models this strategy may answer with (all must exist)."""
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        """Raise ``ValueError`` when the spec disagrees with the manifest's extractors
+        (``dims``: extractor name -> dims) or models (``features_of``: model id -> its
+        extractors); nothing to check by default."""
+
+    def size_domain_hint(self) -> tuple[float, float] | None:
+        """The item sizes the strategy was built for, when it knows them (else None)."""
+        return None
 
 
 class CostPolynomial(_Strict):
@@ -149,7 +189,7 @@ class PolyDomIndex(_Strict):
         return self
 
 
-class PolyDomStrategy(_Strict):
+class PolyDomStrategy(StrategySpec):
     """Poly-Dom (paper 002). ``anytime``: re-plan after every extraction with the measured
     remaining budget (upgrade when time is left, fall back when it is not) instead of
     following the plan made at the start (the paper's static, worst-case provisioning)."""
@@ -163,6 +203,28 @@ class PolyDomStrategy(_Strict):
     candidates: list[str] = Field(description="model ids of the candidate feature sets")
     index: PolyDomIndex
     stats: dict[str, float] = Field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": self.anytime,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "size_domain": self.size_domain,
+            "candidates": self.candidates,
+            "index_ranges": len(self.index.breakpoints),
+            "stats": self.stats,
+        }
+
+    def referenced_models(self) -> set[str]:
+        out = set(self.candidates)
+        for skyline in self.index.skylines:
+            out.update(skyline)
+        return out
+
+    def size_domain_hint(self) -> tuple[float, float]:
+        return self.size_domain
 
 
 class GreedySequenceSpec(_Strict):
@@ -182,7 +244,7 @@ class GreedySequenceSpec(_Strict):
         return self
 
 
-class GreedyStrategy(_Strict):
+class GreedyStrategy(StrategySpec):
     """Greedy, Greedy-Acc, Greedy-Cost (paper 002, Alg. 4): pick a sequence by budget on the
     skyline at ``reference_size``, then add its features while this item's budget lasts."""
 
@@ -213,6 +275,38 @@ class GreedyStrategy(_Strict):
 
     def model_ids(self) -> set[str]:
         return {m for s in self.sequences for m in s.models}
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": True,
+            "reference_size": self.reference_size,
+            "sequences": [
+                {"lambdas": q.lambdas, "features": q.features} for q in self.sequences
+            ],
+        }
+
+    def referenced_models(self) -> set[str]:
+        return self.model_ids()
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        for sequence in self.sequences:
+            if not set(sequence.features) <= set(dims):
+                raise ValueError(
+                    f"strategy {self.name!r}: sequence {sequence.features} names "
+                    "undeclared extractors"
+                )
+            for k, model_id in enumerate(sequence.models):
+                if model_id in features_of and features_of[model_id] != set(
+                    sequence.features[:k]
+                ):
+                    raise ValueError(
+                        f"strategy {self.name!r}: model {model_id!r} does not use "
+                        f"exactly the first {k} features of its sequence"
+                    )
 
 
 class DagNode(_Strict):
@@ -260,7 +354,7 @@ class DagPolicy(_Strict):
     states: list[DagState] = Field(min_length=1)
 
 
-class DagStrategy(_Strict):
+class DagStrategy(StrategySpec):
     """Adaptive sensor acquisition on a DAG of states (paper 000): per item, each state's
     policy decides from the values acquired so far to stop or to acquire a group next."""
 
@@ -307,6 +401,28 @@ class DagStrategy(_Strict):
             raise ValueError(f"DAG inputs repeat an extractor: {self.inputs}")
         return self
 
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": True,
+            "groups": self.groups,
+            "policies": [
+                {"cost_scale": p.cost_scale, "mean_cost": p.mean_cost, "error": p.error,
+                 "states": len(p.states)}
+                for p in self.policies
+            ],
+        }
+
+    def referenced_models(self) -> set[str]:
+        return {s.model for p in self.policies for s in p.states}
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        if not set(self.inputs) <= set(dims):
+            raise ValueError(f"strategy {self.name!r} reads undeclared extractors")
+
 
 class GatePoint(_Strict):
     """One operating point of a gating sweep (paper 001): a gate g, a low-cost model f1 and
@@ -350,7 +466,7 @@ class GatePoint(_Strict):
         return self
 
 
-class GatingStrategy(_Strict):
+class GatingStrategy(StrategySpec):
     """Adaptive gating between a low-cost and a high-cost model (paper 001: ADAPT-LIN,
     ADAPT-GBRT, the L1 baseline, GreedyMiser). ``points`` is the Pareto set of a (P_full,
     gamma/lambda) sweep; per request the runtime serves the point that delivers the most
@@ -375,25 +491,46 @@ class GatingStrategy(_Strict):
             raise ValueError(f"gating strategy {self.name!r}: duplicate point ids in {ids}")
         return self
 
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": True,
+            "points": [
+                {"id": p.id, "method": p.method, "p_full": p.p_full,
+                 "regularisation": p.regularisation, "gated": p.gate_file is not None,
+                 "gate_features": p.gate_features, "low_model": p.low_model,
+                 "high_model": p.high_model, "mean_cost": p.mean_cost,
+                 "fraction_full": p.fraction_full, "accuracy": p.accuracy}
+                for p in self.points
+            ],
+        }
+
+    def referenced_models(self) -> set[str]:
+        return {m for p in self.points for m in (p.low_model, p.high_model)}
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        for point in self.points:
+            unknown = [f for f in point.gate_features if f not in dims]
+            if unknown:
+                raise ValueError(
+                    f"strategy {self.name!r}: gate of {point.id!r} reads undeclared "
+                    f"extractors {unknown}"
+                )
+            if point.gate_input_dims != sum(dims[f] for f in point.gate_features):
+                raise ValueError(
+                    f"strategy {self.name!r}: gate of {point.id!r}: "
+                    "gate_input_dims disagrees with its extractors"
+                )
+
 
 # New strategy kinds join this union; the discriminator is ``kind``.
 Strategy = Annotated[
     PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy, Field(discriminator="kind")
 ]
 AnyStrategy = PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy
-
-
-def _referenced_models(strategy: AnyStrategy) -> set[str]:
-    if isinstance(strategy, PolyDomStrategy):
-        out = set(strategy.candidates)
-        for skyline in strategy.index.skylines:
-            out.update(skyline)
-        return out
-    if isinstance(strategy, DagStrategy):
-        return {s.model for p in strategy.policies for s in p.states}
-    if isinstance(strategy, GatingStrategy):
-        return {m for p in strategy.points for m in (p.low_model, p.high_model)}
-    return strategy.model_ids()
 
 
 class ItemSpec(_Strict):
@@ -468,37 +605,8 @@ class Manifest(_Strict):
             raise ValueError(f"default_strategy {self.default_strategy!r} is not one of {names}")
         features_of = {m.id: set(m.features) for m in self.models}
         for strategy in self.strategies:
-            if isinstance(strategy, DagStrategy) and not set(strategy.inputs) <= set(dims):
-                raise ValueError(f"strategy {strategy.name!r} reads undeclared extractors")
-            if isinstance(strategy, GatingStrategy):
-                for point in strategy.points:
-                    unknown = [f for f in point.gate_features if f not in dims]
-                    if unknown:
-                        raise ValueError(
-                            f"strategy {strategy.name!r}: gate of {point.id!r} reads undeclared "
-                            f"extractors {unknown}"
-                        )
-                    if point.gate_input_dims != sum(dims[f] for f in point.gate_features):
-                        raise ValueError(
-                            f"strategy {strategy.name!r}: gate of {point.id!r}: "
-                            "gate_input_dims disagrees with its extractors"
-                        )
-            if isinstance(strategy, GreedyStrategy):
-                for sequence in strategy.sequences:
-                    if not set(sequence.features) <= set(dims):
-                        raise ValueError(
-                            f"strategy {strategy.name!r}: sequence {sequence.features} names "
-                            "undeclared extractors"
-                        )
-                    for k, model_id in enumerate(sequence.models):
-                        if model_id in features_of and features_of[model_id] != set(
-                            sequence.features[:k]
-                        ):
-                            raise ValueError(
-                                f"strategy {strategy.name!r}: model {model_id!r} does not use "
-                                f"exactly the first {k} features of its sequence"
-                            )
-            missing = sorted(_referenced_models(strategy) - known)
+            strategy.check_extractors(dims, features_of)
+            missing = sorted(strategy.referenced_models() - known)
             if missing:
                 raise ValueError(f"strategy {strategy.name!r} references unknown models {missing}")
         return self

@@ -1,4 +1,4 @@
-"""The error taxonomy. Core modules raise these; ``service.api`` maps them to HTTP once."""
+"""The error taxonomy. Core modules raise these; ``service.http.errors`` maps them to HTTP once."""
 
 from __future__ import annotations
 

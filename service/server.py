@@ -13,7 +13,7 @@ worker supervisor's shutdown, and a time-out on request heads.
   head (request line and headers) has not arrived in full ``BUDGETSERVE_HEADER_TIMEOUT_S``
   after the connection opened or the previous response completed. uvicorn's own keep-alive
   timer stops at the first byte, so a client that sends half a head is otherwise held open
-  for ever. (Slow bodies are the app's: ``service.api.BodyLimit``.)
+  for ever. (Slow bodies are the app's: ``service.http.middleware.BodyLimit``.)
 """
 
 from __future__ import annotations

@@ -15,12 +15,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import TypeVar
 
-from service.bundle import Manifest
+from service.bundle import Manifest, StrategySpec
 from service.inference import LoadedModel
 from service.types import FloatVector, horner
 
@@ -149,22 +150,35 @@ class CostModel:
         return summed
 
 
-class StrategyRuntime(ABC):
-    """Built once per strategy of a loaded bundle; ``begin`` is called per request."""
+# The spec a runtime serves; a bare ``StrategyRuntime`` is one of any spec.
+SpecT = TypeVar("SpecT", bound=StrategySpec, default=StrategySpec)
+
+
+class StrategyRuntime(ABC, Generic[SpecT]):
+    """Built once per strategy of a loaded bundle; ``begin`` is called per request.
+
+    Typed by the spec it serves (``class PolyDomRuntime(StrategyRuntime[PolyDomStrategy])``):
+    ``self.spec`` is that spec, checked by ``kind`` when the runtime is built."""
 
     kind: ClassVar[str]
 
     def __init__(
         self,
         manifest: Manifest,
-        spec: Any,
+        spec: SpecT,
         models: dict[str, LoadedModel],
         costs: CostModel,
         bundle_dir: Path | None = None,
     ) -> None:
+        if spec.kind != self.kind:
+            raise ValueError(
+                f"{type(self).__name__} serves strategies of kind {self.kind!r}; strategy "
+                f"{spec.name!r} is of kind {spec.kind!r} (build its runtime with "
+                f"strategy_for({spec.kind!r}))"
+            )
         self.manifest = manifest
         self.bundle_dir = bundle_dir
-        self.spec = spec
+        self.spec: SpecT = spec
         self.name: str = spec.name
         self.models = models
         self.costs = costs
@@ -172,7 +186,7 @@ class StrategyRuntime(ABC):
         self.model_features = {m.id: tuple(m.features) for m in manifest.models}
         self.setup()
 
-    def setup(self) -> None:  # noqa: B027 - an optional hook, not an abstract method
+    def setup(self) -> None:
         """Build what the strategy needs from ``self.spec`` (runs once, at the end of
         ``__init__``); raise ``BundleError`` or ``ValueError`` for a spec it cannot serve."""
 
@@ -226,15 +240,24 @@ def pareto(points: Iterable[tuple[float, float, str]]) -> list[tuple[float, floa
     return out
 
 
-_REGISTRY: dict[str, type[StrategyRuntime]] = {}
+# The one map from a spec's ``kind`` to its runtime, filled by ``@register_strategy`` when
+# ``service.strategies`` imports the built-in runtimes.
+_REGISTRY: dict[str, type[StrategyRuntime[Any]]] = {}
+
+RuntimeT = TypeVar("RuntimeT", bound=StrategyRuntime[Any])
 
 
-def register_strategy(cls: type[StrategyRuntime]) -> type[StrategyRuntime]:
+def register_strategy(cls: type[RuntimeT]) -> type[RuntimeT]:
+    """Class decorator: serve specs of ``cls.kind`` with ``cls``."""
+    if cls.kind in _REGISTRY and _REGISTRY[cls.kind] is not cls:
+        raise ValueError(
+            f"strategy kind {cls.kind!r} already has a runtime, {_REGISTRY[cls.kind].__name__}"
+        )
     _REGISTRY[cls.kind] = cls
     return cls
 
 
-def strategy_for(kind: str) -> type[StrategyRuntime]:
+def strategy_for(kind: str) -> type[StrategyRuntime[Any]]:
     try:
         return _REGISTRY[kind]
     except KeyError:

@@ -138,12 +138,11 @@ class DagSession(Session):
 
 
 @register_strategy
-class DagRuntime(StrategyRuntime):
+class DagRuntime(StrategyRuntime[DagStrategy]):
     kind = "dag"
 
     def setup(self) -> None:
         spec = self.spec
-        assert isinstance(spec, DagStrategy)
         self.groups = [list(g) for g in spec.groups]
         dims = {e.name: e.dims for e in self.manifest.extractors}
         self.offsets: dict[str, int] = {}

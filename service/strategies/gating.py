@@ -208,12 +208,11 @@ class GatingSession(Session):
 
 
 @register_strategy
-class GatingRuntime(StrategyRuntime):
+class GatingRuntime(StrategyRuntime[GatingStrategy]):
     kind = "gating"
 
     def setup(self) -> None:
         spec = self.spec
-        assert isinstance(spec, GatingStrategy)
         self.points = [_Point(p, self) for p in spec.points]
         self.by_id = {p.spec.id: p for p in self.points}
 

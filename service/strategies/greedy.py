@@ -68,12 +68,11 @@ class GreedySession(Session):
 
 
 @register_strategy
-class GreedyRuntime(StrategyRuntime):
+class GreedyRuntime(StrategyRuntime[GreedyStrategy]):
     kind = "greedy"
 
     def setup(self) -> None:
         spec = self.spec
-        assert isinstance(spec, GreedyStrategy)
         self.selection = spec.selection
         self.reference_size = spec.reference_size
         self.sequences = [(list(s.features), list(s.models)) for s in spec.sequences]

@@ -102,12 +102,11 @@ class AnytimeSession(Session):
 
 
 @register_strategy
-class PolyDomRuntime(StrategyRuntime):
+class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
     kind = "polydom"
 
     def setup(self) -> None:
         spec = self.spec
-        assert isinstance(spec, PolyDomStrategy)
         self.anytime = spec.anytime
         self.size_domain = spec.size_domain
         self.candidates = list(spec.candidates)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.bundle import DagStrategy, read_manifest
 from service.cache import InProcessCache
+from service.http import create_app
 from service.settings import Settings
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.data.synthetic import make_router_data

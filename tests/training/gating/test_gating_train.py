@@ -274,9 +274,9 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
     the features the estimator says it acquires."""
     from fastapi.testclient import TestClient
 
-    from service.api import create_app
     from service.bundle import write_manifest
     from service.cache import InProcessCache
+    from service.http import create_app
     from service.settings import Settings
 
     X, y = _data(3, n=900, seed=4)

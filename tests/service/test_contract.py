@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.cache import InProcessCache
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
 

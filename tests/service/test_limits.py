@@ -22,11 +22,11 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api import create_app
+from service.http import create_app
 from service.server import HeadTimeoutH11Protocol, header_timeout_s
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, free_port, png_b64
-from tests.serving import metric, post_json, uvicorn_thread
+from tests.service.serving import metric, post_json, uvicorn_thread
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.api import create_app
 from service.bundle import GatePoint, GatingStrategy, Manifest, read_manifest
 from service.cache import InProcessCache
 from service.errors import BundleError
+from service.http import create_app
 from service.registry import load_bundle
 from service.settings import Settings
 from service.strategies.base import Acquire, Answer, Observation

@@ -7,17 +7,26 @@ this suite then covers them unchanged.
 from __future__ import annotations
 
 import itertools
+import json
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from service.bundle import AnyStrategy, StrategySpec
 from service.registry import Bundle, load_bundle
-from service.strategies.base import Acquire, Answer, Observation, StrategyRuntime
+from service.strategies.base import (
+    Acquire,
+    Answer,
+    Observation,
+    StrategyRuntime,
+    strategy_for,
+)
 from service.strategies.polydom import PolyDomRuntime
 from service.strategies.polydom_index import naive_lookup
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
 # (bundle, strategy) pairs the contract runs on: every strategy of every bundle we build.
 CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [
@@ -153,6 +162,42 @@ def test_skyline_is_cost_sorted_with_rising_accuracy(
         assert points, "the empty model is always on the skyline"
         assert [p[0] for p in points] == sorted(p[0] for p in points)
         assert all(b[1] > a[1] for a, b in itertools.pairwise(points))
+
+
+def test_every_spec_kind_has_one_runtime_typed_by_it() -> None:
+    """A spec kind of the manifest union is served by the runtime registered for it, and
+    that runtime is declared ``StrategyRuntime[TheSpec]``."""
+    specs = typing.get_args(AnyStrategy)
+    assert len(specs) >= 4
+    for spec in specs:
+        assert issubclass(spec, StrategySpec)
+        kind = spec.model_fields["kind"].default
+        runtime = strategy_for(kind)
+        assert runtime.kind == kind
+        bases = [b for b in getattr(runtime, "__orig_bases__", ())
+                 if typing.get_origin(b) is StrategyRuntime]
+        assert [typing.get_args(b) for b in bases] == [(spec,)], (runtime, bases)
+
+
+def test_a_runtime_refuses_a_spec_of_another_kind(bundles: dict[str, Bundle]) -> None:
+    digits, router = bundles["digits"], bundles["router"]
+    dag_spec = router.manifest.strategy("dag")
+    with pytest.raises(ValueError, match=r"PolyDomRuntime serves strategies of kind 'polydom'"):
+        PolyDomRuntime(digits.manifest, dag_spec, digits.models, digits.costs)  # type: ignore[arg-type]
+
+
+def test_every_strategy_describes_itself_as_json(case: tuple[Bundle, StrategyRuntime]) -> None:
+    """``GET /models/{name}`` lists ``spec.summary()``: JSON-ready, named, of its kind, and
+    every model the spec references exists in the bundle, among them every model the
+    runtime may answer with."""
+    bundle, runtime = case
+    summary = runtime.spec.summary()
+    json.dumps(summary)  # TypeError if a value is not JSON-ready
+    assert summary["name"] == runtime.name
+    assert summary["kind"] == runtime.kind
+    assert isinstance(summary["anytime"], bool)
+    assert runtime.spec.referenced_models() <= {m.id for m in bundle.manifest.models}
+    assert set(runtime.answerable()) <= runtime.spec.referenced_models()
 
 
 def test_polydom_fallback_is_the_best_computable(bundle: Bundle) -> None:

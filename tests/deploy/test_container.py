@@ -35,7 +35,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from tests.conftest import DIGITS_BUNDLE, ROOT, digit_image, free_port, png_b64
-from tests.deploy_support import Image, load_image, settings_env_names, settings_from
+from tests.deploy.support import Image, load_image, settings_env_names, settings_from
 
 DOCKERIGNORE = ROOT / "docker" / "Dockerfile.dockerignore"
 VENV_BIN = Path(sys.executable).parent

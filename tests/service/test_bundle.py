@@ -13,7 +13,7 @@ from service.bundle import Manifest, json_schema, read_manifest
 from service.inference import load_models
 from training.bundles.digits import VERIFICATION_FILE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_published_schema_is_current() -> None:

@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api import create_app
 from service.cache import InProcessCache
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
 

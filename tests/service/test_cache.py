@@ -13,7 +13,6 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.cache import (
     CacheBypassed,
     CacheUnavailable,
@@ -22,6 +21,7 @@ from service.cache import (
     extractor_tag,
     feature_key,
 )
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, free_port, png_b64
 
@@ -186,7 +186,7 @@ def test_hung_redis_is_judged_by_its_timeout_and_then_bypassed(
             for _ in range(400):  # bounded: the breaker opens once 3 reads have timed out
                 bodies.append(client.post("/predict", json={"model": "digits", "item": item,
                                                            "budget": 20}).json())
-                if app.state.core["cache"].breaker.trips:
+                if app.state.core.cache.breaker.trips:
                     break
             bodies += [client.post("/predict", json={"model": "digits", "item": item,
                                                      "budget": 20}).json() for _ in range(3)]

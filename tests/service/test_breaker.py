@@ -17,11 +17,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.api import create_app
 from service.cache import CircuitBreaker, RedisCache
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
-from tests.serving import RedisProcess, metric, post_json, uvicorn_thread
+from tests.service.serving import RedisProcess, metric, post_json, uvicorn_thread
 
 pytestmark = pytest.mark.redis
 
@@ -67,7 +67,7 @@ def redis_app(bundles: Path, url: str, **settings: Any) -> FastAPI:
 
 
 def breaker_of(app: FastAPI) -> CircuitBreaker:
-    cache = app.state.core["cache"]
+    cache = app.state.core.cache
     assert isinstance(cache, RedisCache)
     return cache.breaker
 

@@ -24,10 +24,10 @@ import pytest
 import yaml
 from fastapi.routing import APIRoute
 
-from service.api import create_app
+from service.http import create_app
 from service.settings import Settings
 from tests.conftest import ROOT
-from tests.deploy_support import load_image, settings_env_names, settings_from
+from tests.deploy.support import load_image, settings_env_names, settings_from
 
 K8S = ROOT / "deploy" / "k8s"
 ROOTS = [K8S, *sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yaml"))]

@@ -18,10 +18,10 @@ import redis
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api import create_app
 from service.bundle import ItemSpec
 from service.cache import InProcessCache
 from service.errors import InvalidItem
+from service.http import create_app
 from service.items import ImageDecoder, grayscale, make_decoder, png_dimensions
 from service.settings import Settings
 from tests.conftest import ROUTER_COLUMNS, digit_image, png_b64

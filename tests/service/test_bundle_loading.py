@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.api import create_app
 from service.bundle import Manifest, bundle_relative
 from service.cache import InProcessCache
+from service.http import create_app
 from service.registry import load_registry
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64

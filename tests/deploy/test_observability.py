@@ -28,8 +28,8 @@ from scripts.check_deploy import (
     compose_binary,
     compose_config_command,
 )
-from service.api import create_app
 from service.cache import InProcessCache
+from service.http import create_app
 from service.metrics import Metrics
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, png_b64
@@ -212,6 +212,8 @@ def test_dashboard_has_the_panels_an_operator_needs() -> None:
     extraction = exprs("Extraction time per extractor")
     assert "budgetserve_extraction_seconds_bucket" in extraction
     assert "by (extractor, le)" in extraction
+    assert "budgetserve_admission_total" in exprs("Admission when every thread is busy")
+    assert "budgetserve_cache_circuit_trips_total" in exprs("Cache circuit-breaker trips")
 
 
 def test_request_budget_metric(digits_bundle_dir: Path) -> None:

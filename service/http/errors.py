@@ -1,0 +1,168 @@
+"""Errors to HTTP, once: the status table of the taxonomy (``service.errors``), the error
+body every error response carries, and the app's exception handlers."""
+
+from __future__ import annotations
+
+import email.message
+import logging
+import sys
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import errors
+from service.http.schemas import ErrorResponse
+from service.http.state import app_state
+from service.metrics import UNKNOWN_MODEL
+
+log = logging.getLogger("budgetserve.api")
+
+PREDICT_PATH = "/predict"
+
+STATUS: dict[type[errors.BudgetServeError], int] = {
+    errors.InvalidRequest: 422,
+    errors.InvalidItem: 422,
+    errors.SizeMismatch: 422,
+    errors.ItemTooLarge: 413,
+    errors.PayloadTooLarge: 413,
+    errors.ModelNotFound: 404,
+    errors.StrategyNotFound: 404,
+    errors.ModelNotReady: 503,
+    errors.ServiceNotReady: 503,
+    errors.Overloaded: 503,
+    errors.BodyTimeout: 408,
+    errors.ExtractionFailed: 422,
+    errors.UnsupportedMediaType: 415,
+}
+
+# Documented in the OpenAPI schema for the routes that return them (every error body is an
+# ErrorResponse, including FastAPI's own validation errors: see _validation_error).
+_ERROR_DOCS = {
+    404: "unknown model or strategy",
+    408: "the request body did not arrive in full within BUDGETSERVE_BODY_TIMEOUT_S",
+    413: "request body or image too large",
+    415: "request body is not JSON (send Content-Type: application/json)",
+    422: "malformed JSON, a bad or missing field, or an item the model cannot read",
+    503: (
+        "the model failed to load, the service is still starting, or this process is "
+        "overloaded (then with Retry-After)"
+    ),
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a route that may answer with these error statuses."""
+    return {s: {"model": ErrorResponse, "description": _ERROR_DOCS[s]} for s in statuses}
+
+
+def status_of(exc: errors.BudgetServeError) -> int:
+    return next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+
+
+def headers_of(exc: errors.BudgetServeError) -> dict[str, str] | None:
+    if isinstance(exc, errors.Overloaded):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, errors.BodyTimeout):
+        return {"Connection": "close"}
+    return None
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **details: Any
+) -> JSONResponse:
+    body = ErrorResponse.model_validate(
+        {"error": {"type": code, "message": message, "details": details}}
+    )
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def domain_response(exc: errors.BudgetServeError) -> JSONResponse:
+    """The response of an error of the taxonomy: its status, code, message and details."""
+    return error_response(status_of(exc), exc.code, exc.message, headers_of(exc), **exc.details)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for reading a body as JSON: ``application/json`` or ``*/*+json``."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def _unreadable_body(cause: BaseException | None) -> str:
+    """Why a JSON body could not be read, for the cases Python's parser reports by raising
+    something other than a JSON syntax error."""
+    if isinstance(cause, RecursionError):
+        return ("request body nests JSON arrays or objects too deeply for the parser "
+                "(a request needs at most a few levels)")
+    if isinstance(cause, UnicodeDecodeError):
+        return f"request body is not valid UTF-8 JSON: {cause.reason} at byte {cause.start}"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return (f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
+                "digits; send numbers that fit a double")
+    return "request body is not valid UTF-8 JSON that this API can read"
+
+
+def _count(request: Request, status: str) -> None:
+    """Count a predict request's outcome (other routes are not counted)."""
+    if request.url.path == PREDICT_PATH:
+        label = getattr(request.state, "model_label", UNKNOWN_MODEL)
+        app_state(request).metrics.requests.labels(model=label, status=status).inc()
+
+
+async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
+    _count(request, exc.code)
+    return domain_response(exc)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if request.method == "POST" and not _is_json(request.headers.get("content-type")):
+        # FastAPI reads any other body as bytes, which fails validation as "not a dict".
+        media = errors.UnsupportedMediaType(request.headers.get("content-type"))
+        _count(request, media.code)
+        return error_response(415, media.code, media.message, **media.details)
+    _count(request, "invalid_request")
+    problems = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+            offset = err.get("loc", ("body", None))[-1]
+            message = f"request body is not valid JSON: {reason} (at character {offset})"
+            return error_response(422, "invalid_request", message)
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        problems.append({"field": loc or "body", "message": err.get("msg", "invalid")})
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+    return error_response(422, "invalid_request", f"invalid request: {summary}",
+                          problems=problems)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400 and request.method == "POST":
+        # FastAPI's "error parsing the body": not UTF-8, or JSON it cannot represent.
+        _count(request, "invalid_request")
+        return error_response(422, "invalid_request", _unreadable_body(exc.__cause__))
+    _count(request, "http_error")
+    response = error_response(exc.status_code, "http_error", str(exc.detail))
+    response.headers.update(exc.headers or {})  # 405's Allow, for one
+    return response
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    _count(request, "internal_error")
+    log.exception("unexpected error on %s", request.url.path)
+    return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Answer every error with an ``ErrorResponse`` body, counting /predict's outcomes."""
+    app.exception_handler(errors.BudgetServeError)(_domain_error)
+    app.exception_handler(RequestValidationError)(_validation_error)
+    app.exception_handler(StarletteHTTPException)(_http_error)
+    app.exception_handler(Exception)(_unexpected)

@@ -1,0 +1,106 @@
+"""``GET /models``, ``/models/{name}``, ``/models/{name}/costs``, ``/models/{name}/skyline``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, Query
+
+from service.bundle import Manifest
+from service.http.state import AppState, app_state
+
+State = Annotated[AppState, Depends(app_state)]
+
+
+async def list_models(state: State) -> dict[str, Any]:
+    """Loaded bundles, and the bundle folders that failed to load: ``name`` is the
+    manifest's name when it parsed (else the folder's), ``error`` the reason."""
+    reg = state.loaded_registry()
+    return {
+        "models": [_summary(b.manifest) for b in reg.bundles.values()],
+        "failed": [
+            {"name": f.name, "folder": f.folder, "error": f.reason}
+            for f in sorted(reg.failures, key=lambda f: (f.name, f.folder))
+        ],
+    }
+
+
+async def get_model(name: str, state: State) -> dict[str, Any]:
+    bundle = state.loaded_registry().get(name)
+    m = bundle.manifest
+    detail = _summary(m)
+    detail["extractors"] = [
+        {"name": e.name, "version": e.version, "dims": e.dims,
+         "cost": e.cost.model_dump()}
+        for e in m.extractors
+    ]
+    detail["models"] = [
+        {"id": s.id, "features": s.features, "accuracy": s.accuracy} for s in m.models
+    ]
+    detail["strategies"] = [s.summary() for s in m.strategies]
+    detail["provenance"] = m.provenance.model_dump()
+    return detail
+
+
+async def get_costs(name: str, state: State) -> dict[str, Any]:
+    """Profiled vs live-calibrated cost curve of every extractor."""
+    bundle = state.loaded_registry().get(name)
+    lo, hi = _size_domain(bundle.manifest)
+    sizes = sorted({int(v) for v in np.geomspace(max(lo, 1.0), hi, 7)})
+    return {
+        "model": name,
+        "unit": bundle.manifest.cost_unit,
+        "calibrated": bundle.costs.calibrated,
+        **bundle.calibrator.snapshot(sizes),
+    }
+
+
+async def get_skyline(
+    name: str,
+    size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
+    state: State,
+    strategy: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted; ``model``
+    is a model id, or an operating point id for strategies that choose between points
+    (gating: its cost is the expected cost, its features those of the gate and f1)."""
+    bundle = state.loaded_registry().get(name)
+    runtime = bundle.strategy(strategy)
+    return {
+        "model": name,
+        "strategy": runtime.name,
+        "size": size,
+        "unit": bundle.manifest.cost_unit,
+        "calibrated": bundle.costs.calibrated,
+        "skyline": [
+            {"cost": cost, "accuracy": acc, "model": model,
+             "features": runtime.skyline_features(model)}
+            for cost, acc, model in runtime.skyline(size)
+        ],
+    }
+
+
+def _summary(m: Manifest) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "version": m.version,
+        "task": m.task,
+        "classes": m.classes,
+        "strategies": [s.name for s in m.strategies],
+        "default_strategy": m.default_strategy,
+        "cost_unit": m.cost_unit,
+        "item": m.item.model_dump(),
+        "n_models": len(m.models),
+    }
+
+
+def _size_domain(m: Manifest) -> tuple[float, float]:
+    """The sizes to sample cost curves at: a strategy's own domain when one declares it, else
+    the profiled sizes of the extractors."""
+    for s in m.strategies:
+        domain = s.size_domain_hint()
+        if domain is not None:
+            return domain
+    sizes = [n for e in m.extractors for n in e.cost.profiled_sizes]
+    return (float(min(sizes)), float(max(sizes))) if sizes else (64.0, 65536.0)

@@ -1,0 +1,89 @@
+"""Bodies only the HTTP layer uses: the predict request, error bodies, readiness.
+
+(The predict *response* is the handler's output and lives in ``service.schemas``.)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from service.items import ImageItem, TabularItem
+
+# A 16 x 16 PNG of a 3 (digits bundle): the example request of the OpenAPI schema.
+EXAMPLE_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAABAAAAAQCAAAAAA6mKC9AAABDElEQVR4nAXBT0vCYBwH8O/2/LbMbYhiUIJsHSJD"
+    "S+ifFF06ePHSoTfQ6+jcO6kX0LXwFpRiEQlBUCxb4MGtooZz/549fT4AqsfnrhD2aREMCqi42tkx+9hf2lr+ZTxh"
+    "xK2q7vYm+U1R0gKAk+Y99A2/tTJxnn2AMaC8iOaZK+5PgByRSswDlHoZzicQ5tJE5gB0AiKzDISpTIAknIvvjTqb"
+    "744iNSZAjUa2fdRpV4JxFEukZBEyDKZhW951b6YpibkAgPRy6R+U1v1eSiLWKsbPu/iQCjXxykAcC9vWUPLWmqYh"
+    "MwYCqNCw9jK9wR/7dwkICO1W7RCZ+nTVdfIgYPZ1689yf2/D6zG4/A++rmtHsrmgQgAAAABJRU5ErkJggg=="
+)
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema counts 245148.0 as an integer: take integral floats as ints; refuse other
+    floats here with a message that says so (strings and booleans fail the strict int)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"must be a whole number, got {value!r}")
+        return int(value)
+    return value
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [
+            {"model": "digits", "item": {"png_base64": EXAMPLE_PNG}, "budget": 5.0},
+        ]},
+    )
+
+    model: str = Field(min_length=1, max_length=128, description="bundle name")
+    item: Any = Field(
+        description="the item, in the bundle's item format (GET /models/{name}: item.kind): "
+        "an image bundle takes {'png_base64', 'id'?}, a tabular one {'values', 'id'?} with "
+        "exactly its columns. The cache key is a digest of the content; an 'id' is folded "
+        "into it, so it can only separate cache entries, never merge two different items",
+        json_schema_extra={"anyOf": [
+            ImageItem.model_json_schema(), TabularItem.model_json_schema(),
+        ]},
+    )
+    size: Annotated[int | None, BeforeValidator(_whole_number)] = Field(
+        default=None,
+        gt=0,
+        strict=True,
+        description="item size n; measured from the item when absent (an integral number "
+        "such as 1024.0 counts as 1024)",
+    )
+    budget: float = Field(
+        gt=0, allow_inf_nan=False, strict=True, description="in the bundle's cost unit"
+    )
+    strategy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="one of the bundle's strategies (GET /models/{name}); its default if absent",
+    )
+
+
+class ErrorBody(BaseModel):
+    type: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class CacheStatus(BaseModel):
+    backend: str | None = Field(description="'memory' (in-process LRU) or 'redis'")
+    reachable: bool
+
+
+class Readiness(BaseModel):
+    ready: bool = Field(description="at least one bundle is loaded")
+    models: list[str]
+    failed: list[str] = Field(description="names of bundles that failed to load")
+    cache: CacheStatus

@@ -1,0 +1,1 @@
+"""Tests of the service package: the HTTP API, the handler, bundles, caches, strategies."""
