@@ -62,6 +62,9 @@ class ScriptedRuntime(StrategyRuntime):
         models: dict[str, LoadedModel] | None = None,
         costs: CostModel | None = None,
     ) -> None:
+        # The double plays the template's own spec, whatever its kind: the base class checks
+        # ``self.kind`` against the spec, so this instance takes the template's kind.
+        vars(self)["kind"] = template.spec.kind
         super().__init__(
             template.manifest,
             template.spec,
