@@ -475,36 +475,74 @@ def _label(cell: Cell) -> str:
     return f"budgetserve @ {cell.budget:g} ms" if cell.budget is not None else cell.server
 
 
-def plot(cells: Sequence[Cell], sides: Sequence[int], path: Path) -> None:
+#: Short names of the digits extractors in the plot's labels.
+SHORT = {"thumbnail": "T", "histogram": "Hi", "projection": "P", "hog": "H", "lbp": "L",
+         "fft_bands": "F", "gabor": "G"}
+
+
+def short(model_id: str) -> str:
+    """``fft_bands+hog`` → ``F+H`` (names without a short form stay whole)."""
+    return "+".join(SHORT.get(f, f) for f in model_id.split("+"))
+
+
+def plot(cells: Sequence[Cell], sides: Sequence[int], path: Path, floor: float = 0.8) -> None:
+    """Accuracy vs client latency p50 (top) and p95 (bottom) per side; fixed servers below
+    ``floor`` are drawn on the axis' bottom edge with their accuracy in the label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    fig, axes = plt.subplots(2, len(sides), figsize=(5 * len(sides), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(sides), figsize=(5.5 * len(sides), 9), squeeze=False)
     for row, q in enumerate((50, 95)):
         for col, side in enumerate(sides):
             ax = axes[row][col]
             here = [c for c in cells if c.side == side]
             bs = sorted((c for c in here if not c.fixed), key=lambda c: c.budget or 0.0)
             fx = sorted((c for c in here if c.fixed), key=lambda c: c.p(q))
-            ax.plot([c.p(q) for c in bs], [c.accuracy for c in bs], "o-", label="budgetserve")
+            ax.plot([c.p(q) for c in bs], [max(c.accuracy, floor) for c in bs], "o-",
+                    label="budgetserve (label: budget ms)")
             for c in bs:
-                ax.annotate(f"{c.budget:g}", (c.p(q), c.accuracy), fontsize=7,
-                            textcoords="offset points", xytext=(3, -9))
-            ax.plot([c.p(q) for c in fx], [c.accuracy for c in fx], "s--", label="fixed")
+                ax.annotate(f"{c.budget:g}", (c.p(q), max(c.accuracy, floor)), fontsize=7,
+                            textcoords="offset points", xytext=(3, -10), color="C0")
+            ax.plot([c.p(q) for c in fx], [max(c.accuracy, floor) for c in fx], "s--",
+                    label="fixed (label: feature set)")
             for c in fx:
-                ax.annotate(c.server.removeprefix("fixed "), (c.p(q), c.accuracy), fontsize=6,
-                            textcoords="offset points", xytext=(3, 3), color="C1")
+                name = short(c.server.removeprefix("fixed "))
+                if c.accuracy < floor:
+                    name += f" ({c.accuracy:.2f})"
+                ax.annotate(name, (c.p(q), max(c.accuracy, floor)), fontsize=7,
+                            textcoords="offset points", xytext=(3, 4), color="C1")
             ax.set_xscale("log")
-            ax.set_title(f"{side}×{side}: accuracy vs client latency p{q}")
-            ax.set_xlabel(f"client latency p{q} (ms, log)")
-            ax.set_ylabel("accuracy (held-out)")
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylim(floor - 0.01, 1.01)
+            ax.set_title(f"{side}×{side} px, p{q}")
+            ax.set_xlabel(f"client latency p{q} (ms, log scale)")
+            ax.set_ylabel("accuracy on held-out digits")
             ax.grid(alpha=0.3)
-            ax.legend(loc="lower right", fontsize=8)
+            ax.legend(loc="best", fontsize=7)
+    fig.suptitle("budgetserve vs fixed-feature-set servers (T thumbnail, Hi histogram, "
+                 "P projection, H hog, L lbp, F fft_bands, G gabor)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def save_cells(cells: Sequence[Cell], path: Path) -> None:
+    """The raw results (per-request latency and correctness), to re-render without a re-run."""
+    path.write_text(json.dumps([
+        {"server": c.server, "side": c.side, "budget": c.budget, "latency_ms": c.latency_ms,
+         "correct": c.correct, "features": c.features,
+         "extracted": sorted(list(e) for e in c.extracted), "errors": c.errors}
+        for c in cells]))
+
+
+def load_cells(path: Path) -> list[Cell]:
+    return [Cell(d["server"], d["side"], d["budget"], d["latency_ms"], d["correct"],
+                 d["features"], {tuple(e) for e in d["extracted"]}, d["errors"])
+            for d in json.loads(path.read_text())]
 
 
 def render(
@@ -539,7 +577,7 @@ def render(
                 if b is None:
                     best, verdict = "none fits", "—"
                 else:
-                    blo, bhi = wilson(sum(b.correct), b.n)
+                    blo, _ = wilson(sum(b.correct), b.n)
                     best = f"{b.server.removeprefix('fixed ')} ({b.accuracy:.3f})"
                     if c.accuracy >= b.accuracy:
                         verdict = "yes"
@@ -613,6 +651,8 @@ def main(
     t0 = time.perf_counter()
     cells, ids = compare(sides, budgets, count)
     wall = time.perf_counter() - t0
+    raw = Path(os.environ.get("FIXED_SERVER_RAW", "/tmp/fixed_server_cells.json"))
+    save_cells(cells, raw)
     manifest = read_manifest(BUNDLE)
     strategy = next(s for s in manifest.strategies if s.name == manifest.default_strategy)
     candidates = list(getattr(strategy, "candidates", []))
