@@ -21,6 +21,7 @@ def main() -> None:
         dag,
         digits,
         extractors,
+        fixed_server,
         gating,
         polydom,
         service,
@@ -36,6 +37,7 @@ def main() -> None:
         ("dag", lambda: dag.main()),
         ("gating", lambda: gating.main()),
         ("service", lambda: service.main()),
+        ("fixed server", lambda: fixed_server.main()),
     ):
         t0 = time.perf_counter()
         run()

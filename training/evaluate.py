@@ -29,6 +29,24 @@ class EvalPoint:
     n: int
 
 
+def digit_split(seed: int = 0, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices into scikit-learn's ``load_digits`` of the train and held-out digits of a
+    digits build made with ``seed`` and ``limit`` (:func:`training.bundles.digits.
+    digits_features` renders each source digit once, at one side, in the permuted order;
+    :func:`~training.bundles.digits.split_rows` keeps the first 80 % for training and
+    cross-validation). A digit not in the train indices was never seen at any side."""
+    from sklearn.datasets import load_digits
+
+    from training.bundles.digits import split_rows
+
+    n = len(load_digits().target)
+    order = np.random.default_rng(seed).permutation(n)
+    if limit is not None:
+        order = order[:limit]
+    train, test = split_rows(len(order))
+    return order[train], order[test]
+
+
 def held_out_digits(
     count: int, seed: int = 0, limit: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -36,14 +54,8 @@ def held_out_digits(
     (never trained on nor used in cross-validation)."""
     from sklearn.datasets import load_digits
 
-    from training.bundles.digits import split_rows
-
     digits = load_digits()
-    order = np.random.default_rng(seed).permutation(len(digits.target))
-    if limit is not None:
-        order = order[:limit]
-    _, test = split_rows(len(order))
-    chosen = order[test][:count]
+    chosen = digit_split(seed, limit)[1][:count]
     return np.asarray(digits.images[chosen], dtype=np.float64), digits.target[chosen]
 
 
