@@ -15,7 +15,7 @@ help:
 	@echo "make test    run the test suite (starts a throwaway redis-server unless REDIS_URL is set)"
 	@echo "make bench   run the benchmarks, results in docs/benchmarks/"
 	@echo "make bundle  rebuild models/digits from scratch (profiling + training, a few minutes)"
-	@echo "make lint    ruff + mypy + hadolint + check-deploy"
+	@echo "make lint    ruff (check + format --check) + mypy (incl. tests) + hadolint + check-deploy"
 	@echo "make check-deploy  promtool checks and tests of deploy/prometheus, compose file validation"
 
 $(STAMP): pyproject.toml
@@ -43,6 +43,7 @@ bench: $(STAMP) $(BUNDLE)
 
 lint: $(STAMP) check-deploy
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint docker/Dockerfile
 

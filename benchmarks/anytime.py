@@ -111,28 +111,53 @@ def plot(configs: Sequence[Config], gamma: float, path: Path) -> Path:
 
     mine = [c for c in configs if c.gamma == gamma]
     top_overrun = 1.0 + 100 * max(
-        max(c.curve(name, "overrun_rate")) for c in mine for name in STRATEGIES)
+        max(c.curve(name, "overrun_rate")) for c in mine for name in STRATEGIES
+    )
     fig, axes = plt.subplots(
-        2, len(mine), figsize=(6.2 * len(mine), 8.0), sharex=True,
-        gridspec_kw={"height_ratios": [2.2, 1.0]}, squeeze=False,
+        2,
+        len(mine),
+        figsize=(6.2 * len(mine), 8.0),
+        sharex=True,
+        gridspec_kw={"height_ratios": [2.2, 1.0]},
+        squeeze=False,
     )
     for col, cfg in enumerate(mine):
         top, bottom = axes[0][col], axes[1][col]
-        top.plot(cfg.budgets, cfg.optimum, color="0.6", linewidth=5, alpha=0.35,
-                 label="optimum at p95 costs (brute force)")
+        top.plot(
+            cfg.budgets,
+            cfg.optimum,
+            color="0.6",
+            linewidth=5,
+            alpha=0.35,
+            label="optimum at p95 costs (brute force)",
+        )
         for name in STRATEGIES:
             st = STYLE[name]
-            kw = {"color": st["color"], "linestyle": st["linestyle"], "marker": st["marker"],
-                  "linewidth": st["linewidth"], "markersize": 4}
+            kw = {
+                "color": st["color"],
+                "linestyle": st["linestyle"],
+                "marker": st["marker"],
+                "linewidth": st["linewidth"],
+                "markersize": 4,
+            }
             top.plot(cfg.budgets, cfg.curve(name, "accuracy"), label=LABELS[name], **kw)
-            bottom.plot(cfg.budgets, [100 * v for v in cfg.curve(name, "overrun_rate")],
-                        label=LABELS[name], **kw)
+            bottom.plot(
+                cfg.budgets,
+                [100 * v for v in cfg.curve(name, "overrun_rate")],
+                label=LABELS[name],
+                **kw,
+            )
         for pick in PICKS:
             for ax in (top, bottom):
                 ax.axvline(cfg.budgets[pick], color="0.85", linewidth=0.8, zorder=0)
-        spread = "no noise (costs = median)" if cfg.sigma == 0 else (
-            f"log-normal spread σ = {cfg.sigma:g} (plans at p95 = "
-            f"{np.exp(Z95 * cfg.sigma):.2f}× median)")
+        spread = (
+            "no noise (costs = median)"
+            if cfg.sigma == 0
+            else (
+                f"log-normal spread σ = {cfg.sigma:g} (plans at p95 = "
+                f"{np.exp(Z95 * cfg.sigma):.2f}× median)"
+            )
+        )
         top.set_title(f"γ = {cfg.gamma:g}, {spread}", fontsize=10)
         top.set_ylabel("mean estimated accuracy of the answer")
         top.set_xscale("log")
@@ -145,7 +170,9 @@ def plot(configs: Sequence[Config], gamma: float, path: Path) -> Path:
     axes[0][0].legend(loc="lower right", fontsize=8.5, framealpha=0.9)
     fig.suptitle(
         f"Metric 4 on the synthetic workload: m = {M}, γ = {gamma:g}, seed {SEED}, "
-        f"{REQUESTS} requests per point (1 when σ = 0: deterministic)", fontsize=11)
+        f"{REQUESTS} requests per point (1 when σ = 0: deterministic)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -170,10 +197,10 @@ def _conclusions(configs: Sequence[Config]) -> list[str]:
         diff = a - s
         always_ge &= bool(np.all(diff >= -tol))
         means = {name: _mean(cfg, name) for name in STRATEGIES}
-        ranking = ", ".join(f"{LABELS[k]} {v:.3f}" for k, v in
-                            sorted(means.items(), key=lambda kv: -kv[1]))
-        greedy_best = np.max(np.array([cfg.curve(g, "accuracy") for g in STRATEGIES[2:]]),
-                             axis=0)
+        ranking = ", ".join(
+            f"{LABELS[k]} {v:.3f}" for k, v in sorted(means.items(), key=lambda kv: -kv[1])
+        )
+        greedy_best = np.max(np.array([cfg.curve(g, "accuracy") for g in STRATEGIES[2:]]), axis=0)
         vs_greedy = a - greedy_best
         static_vs_greedy = s - greedy_best
         out.append(
@@ -193,14 +220,20 @@ def _conclusions(configs: Sequence[Config]) -> list[str]:
     out.append("")
     exact_equal = all(
         cfg.curve("polydom-anytime", "accuracy") == cfg.curve("polydom", "accuracy")
-        for cfg in configs if cfg.sigma == 0)
+        for cfg in configs
+        if cfg.sigma == 0
+    )
     if always_ge:
         out.append(
             "* Anytime Poly-Dom is at least as accurate as static Poly-Dom at every budget of "
             "every configuration."
-            + (" With σ = 0 they are identical: both start from the same index answer and, "
-               "with costs exactly as planned, re-planning finds no slack." if exact_equal
-               else ""))
+            + (
+                " With σ = 0 they are identical: both start from the same index answer and, "
+                "with costs exactly as planned, re-planning finds no slack."
+                if exact_equal
+                else ""
+            )
+        )
     else:
         out.append("* Anytime Poly-Dom is **not** ≥ static Poly-Dom everywhere (see above).")
     for cfg in configs:
@@ -214,14 +247,22 @@ def _conclusions(configs: Sequence[Config]) -> list[str]:
             f"* {cfg.label}: provisioning for p95 costs, static Poly-Dom averages "
             f"{means['polydom']:.3f}, {'below' if static_behind else 'above'} the best "
             f"Greedy variant ({LABELS[best_greedy]}, {means[best_greedy]:.3f})"
-            + (" — the paper's real-data observation that anytime Greedy beats the "
-               "worst-case-provisioned Poly-Dom when costs vary" if static_behind else "")
+            + (
+                " — the paper's real-data observation that anytime Greedy beats the "
+                "worst-case-provisioned Poly-Dom when costs vary"
+                if static_behind
+                else ""
+            )
             + f"; anytime Poly-Dom averages {means['polydom-anytime']:.3f} "
             f"({gain:+.3f} over static)."
-            + (" With γ = 0 the answer is a single feature (a(F) is the best member's "
-               "accuracy), so once the planned feature is in hand nothing can be added to "
-               "it: the slack of a fast extraction cannot buy an upgrade, and anytime "
-               "equals static." if cfg.gamma == 0 and abs(gain) < 1e-9 else "")
+            + (
+                " With γ = 0 the answer is a single feature (a(F) is the best member's "
+                "accuracy), so once the planned feature is in hand nothing can be added to "
+                "it: the slack of a fast extraction cannot buy an upgrade, and anytime "
+                "equals static."
+                if cfg.gamma == 0 and abs(gain) < 1e-9
+                else ""
+            )
         )
     for cfg in configs:
         if cfg.sigma != 0:
@@ -233,13 +274,18 @@ def _conclusions(configs: Sequence[Config]) -> list[str]:
         out.append(
             f"* {cfg.label} (the paper's synthetic setting): Poly-Dom is ahead of or level "
             f"with every Greedy variant at {level}/{len(a)} budgets"
-            + ("." if deficit == 0 else
-               f"; where one is ahead it is by at most {deficit:.3f}"
-               + (f", within ε = {EPSILON:g} (Poly-Dom guarantees the optimum within ε)."
-                  if deficit <= EPSILON else "."))
+            + (
+                "."
+                if deficit == 0
+                else f"; where one is ahead it is by at most {deficit:.3f}"
+                + (
+                    f", within ε = {EPSILON:g} (Poly-Dom guarantees the optimum within ε)."
+                    if deficit <= EPSILON
+                    else "."
+                )
+            )
         )
-    any_overrun = any(c.overrun_rate > 0 for cfg in configs if cfg.sigma == 0
-                      for c in cfg.cells)
+    any_overrun = any(c.overrun_rate > 0 for cfg in configs if cfg.sigma == 0 for c in cfg.cells)
     exact = "some strategy overruns" if any_overrun else "no strategy ever overruns"
     parts = []
     for cfg in configs:
@@ -252,13 +298,17 @@ def _conclusions(configs: Sequence[Config]) -> list[str]:
             f"{cfg.label}: from {mean[lowest]:.1f}% ({LABELS[lowest]}) to {mean[highest]:.1f}% "
             f"({LABELS[highest]}); anytime Poly-Dom {mean['polydom-anytime']:.1f}% vs static "
             f"{mean['polydom']:.1f}%"
-            + (" — the anytime variant spends the slack it finds, so it overruns more often"
-               if delta > 0.05 else "")
+            + (
+                " — the anytime variant spends the slack it finds, so it overruns more often"
+                if delta > 0.05
+                else ""
+            )
         )
     out.append(
         f"* Overruns: with σ = 0 {exact}. With σ = 0.5 and p95 provisioning every strategy "
         "overruns in a few percent of requests (an extraction beyond its p95 cost). Mean "
-        f"overrun rate over all budgets — {'; '.join(parts)}.")
+        f"overrun rate over all budgets — {'; '.join(parts)}."
+    )
     out += [
         "",
         "Overrun rate per strategy, mean / max over the budgets (%):",
@@ -279,13 +329,26 @@ def render(configs: Sequence[Config], elapsed_s: float, images: Sequence[Path]) 
     max_se = max(c.accuracy_se for cfg in configs for c in [*cfg.cells, *cfg.size_cells])
     p95_factor = np.exp(Z95 * 0.5)
     lines = prose(
-        "anytime", date=dt.date.today().isoformat(), platform=platform.platform(),
-        processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
-        python=platform.python_version(), elapsed=f"{elapsed_s:.1f}", m=M, seed=SEED,
-        p95_factor=f"{p95_factor:.3f}", p95_factor_2=f"{p95_factor:.2f}", size=SIZE,
-        n_budgets=N_BUDGETS, nudge=f"{NUDGE:g}", requests=REQUESTS, max_se=f"{max_se:.4f}",
-        overrun_se=f"{100 * np.sqrt(0.25 / REQUESTS):.1f}", pick_low=PICKS[0] + 1,
-        pick_mid=PICKS[1] + 1, pick_high=PICKS[2] + 1,
+        "anytime",
+        date=dt.date.today().isoformat(),
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        elapsed=f"{elapsed_s:.1f}",
+        m=M,
+        seed=SEED,
+        p95_factor=f"{p95_factor:.3f}",
+        p95_factor_2=f"{p95_factor:.2f}",
+        size=SIZE,
+        n_budgets=N_BUDGETS,
+        nudge=f"{NUDGE:g}",
+        requests=REQUESTS,
+        max_se=f"{max_se:.4f}",
+        overrun_se=f"{100 * np.sqrt(0.25 / REQUESTS):.1f}",
+        pick_low=PICKS[0] + 1,
+        pick_mid=PICKS[1] + 1,
+        pick_high=PICKS[2] + 1,
         plots=", ".join(f"[`{p.name}`]({p.name})" for p in images),
     )
     for cfg in configs:
@@ -295,8 +358,7 @@ def render(configs: Sequence[Config], elapsed_s: float, images: Sequence[Path]) 
             "",
             f"Poly-Dom candidates: {len(cfg.bundle.polydom.candidates_)}; models in the "
             f"manifest: {len(cfg.bundle.manifest.models)}. Optimum at p95 costs (brute force "
-            "over all 2^10 sets): "
-            + " / ".join(f"{cfg.optimum[p]:.3f}" for p in PICKS) + ".",
+            "over all 2^10 sets): " + " / ".join(f"{cfg.optimum[p]:.3f}" for p in PICKS) + ".",
             "",
             "| strategy | low budget " + f"{b[0]:.0f} | mid budget {b[1]:.0f} | "
             f"high budget {b[2]:.0f} | mean over {N_BUDGETS} budgets |",

@@ -66,8 +66,9 @@ def _stream(requests: int, seed: int) -> Stream:
         k = int(rng.integers(len(labels)))
         side = int(rng.choice([32, 64, 128, 256]))
         budget = float(np.exp(rng.uniform(np.log(LOW), np.log(HIGH))))
-        item = DecodedItem(data=render_digit(images8[k], side, rng), size=side * side,
-                           key=f"cal:{i}")
+        item = DecodedItem(
+            data=render_digit(images8[k], side, rng), size=side * side, key=f"cal:{i}"
+        )
         out.append((item, int(labels[k]), budget))
     return out
 
@@ -81,8 +82,9 @@ def _serve(path: Path, calibrate: bool, strategy: str, stream: Stream, label: st
     classes = bundle.manifest.classes
     run = Run(label, strategy, [], [], [], [], None)
     for i, (item, label_, budget) in enumerate(stream):
-        result = execute(bundle, item, budget, {}, time.perf_counter(), reserve_ms=reserve,
-                         runtime=runtime)
+        result = execute(
+            bundle, item, budget, {}, time.perf_counter(), reserve_ms=reserve, runtime=runtime
+        )
         run.over.append(result.over_budget(budget))
         run.correct.append(classes[int(np.argmax(result.probabilities))] == str(label_))
         run.expected.append(bundle.manifest.model(result.answer).accuracy)
@@ -92,8 +94,9 @@ def _serve(path: Path, calibrate: bool, strategy: str, stream: Stream, label: st
     return run
 
 
-def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
-         window: int = 100) -> Path:
+def main(
+    out_path: str = "docs/benchmarks/calibration.md", requests: int = 600, window: int = 100
+) -> Path:
     src = ROOT / "models" / "digits"
     stream = _stream(requests, seed=0)
     runs: list[Run] = []
@@ -107,8 +110,14 @@ def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
     windows = [(s, min(s + window, requests)) for s in range(0, requests, window)]
     head = " | ".join(f"{a + 1}–{b}" for a, b in windows)
     lines = prose(
-        "calibration", measured_at=measured_at(), machine=machine(), scale=SCALE,
-        speedup=f"{1 / SCALE:.1f}", requests=requests, low=f"{LOW:g}", high=f"{HIGH:g}",
+        "calibration",
+        measured_at=measured_at(),
+        machine=machine(),
+        scale=SCALE,
+        speedup=f"{1 / SCALE:.1f}",
+        requests=requests,
+        low=f"{LOW:g}",
+        high=f"{HIGH:g}",
         window=window,
     )
     lines += [
@@ -122,7 +131,7 @@ def main(out_path: str = "docs/benchmarks/calibration.md", requests: int = 600,
         cells = " | ".join(f"{over[a:b].mean():.1%}" for a, b in windows)
         lines.append(
             f"| {run.strategy} | {run.label} | {cells} | {over.mean():.1%} | "
-            f"{correct.mean():.3f} | {np.mean(run.expected[requests // 2:]):.3f} | "
+            f"{correct.mean():.3f} | {np.mean(run.expected[requests // 2 :]):.3f} | "
             f"{'-' if run.calibrated_at is None else run.calibrated_at + 1} |"
         )
     png = _plot(runs, window, ROOT / Path(out_path).with_suffix(".png"))
@@ -139,8 +148,9 @@ def _plot(runs: list[Run], window: int, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     strategies = list(dict.fromkeys(r.strategy for r in runs))
-    fig, axes = plt.subplots(1, len(strategies), figsize=(4.6 * len(strategies), 3.6),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(strategies), figsize=(4.6 * len(strategies), 3.6), squeeze=False, sharey=True
+    )
     for ax, strategy in zip(axes[0], strategies, strict=True):
         for run in (r for r in runs if r.strategy == strategy):
             over = np.asarray(run.over, dtype=float)

@@ -70,7 +70,22 @@ COST_SCALES: tuple[float, ...] = (0.0, *(float(v) for v in np.geomspace(1e-3, 1.
 #: Cascade confidence thresholds (stop at a stage when max class probability >= τ); 1.01
 #: never stops early.
 THRESHOLDS: tuple[float, ...] = (
-    0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999, 1.01
+    0.0,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+    0.97,
+    0.99,
+    0.995,
+    0.999,
+    1.01,
 )
 #: Budget grid points per dataset for the plotted frontiers and the "mean over budgets" column.
 N_GRID = 41
@@ -363,9 +378,7 @@ def evaluate_split(
         "random_state": random_state,
     }
     with _quiet():
-        out = sweep(
-            split.X_train, split.y_train, split.X_val, split.y_val, cost_scales, **params
-        )
+        out = sweep(split.X_train, split.y_train, split.X_val, split.y_val, cost_scales, **params)
     model = out[0][1]
     pv = state_probas(model, split.X_val)
     pt = state_probas(model, split.X_test)
@@ -438,8 +451,7 @@ def run_dataset(ds: Dataset) -> DatasetResult:
     for split in ds.splits:
         per: dict[str, SplitResult] = {}
         for v in ds.variants:
-            per[v.prefix] = evaluate_split(split, ds.sensors, cost_scales=ds.cost_scales,
-                                           variant=v)
+            per[v.prefix] = evaluate_split(split, ds.sensors, cost_scales=ds.cost_scales, variant=v)
         splits.append(per)
     methods = list(splits[0][ds.variants[0].prefix].candidates)
     for v in ds.variants[1:]:
@@ -604,9 +616,14 @@ def plot(res: DatasetResult, path: Path) -> Path:
     hi = 100 * sorted(errs)[int(0.9 * (len(errs) - 1))] if len(errs) > 3 else 100 * max(errs)
     ax.set_ylim(max(0.0, lo - 0.05 * (hi - lo) - 0.5), hi + 0.1 * (hi - lo) + 0.5)
     ax.legend(fontsize=9, framealpha=0.9)
-    fig.text(0.01, 0.005, "each point: the configuration with the lowest validation error "
-             "among those with validation average cost <= a budget; grey lines: table budgets",
-             fontsize=7, color="0.35")
+    fig.text(
+        0.01,
+        0.005,
+        "each point: the configuration with the lowest validation error "
+        "among those with validation average cost <= a budget; grey lines: table budgets",
+        fontsize=7,
+        color="0.35",
+    )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -656,7 +673,8 @@ def verdicts(res: DatasetResult) -> list[str]:
             mean_d, mean_b = res.mean_error(dm), res.mean_error(base)
             lines.append(
                 f"* **{dm}** vs **{base}**: at the same budget T the DAG's test error is lower "
-                f"at {wins} of {len(parts)} budgets, higher at {losses}. " + "; ".join(parts)
+                f"at {wins} of {len(parts)} budgets, higher at {losses}. "
+                + "; ".join(parts)
                 + f". Mean test error over the {N_GRID} budgets 0..{res.max_cost:g}: "
                 f"{100 * mean_d:.2f} % vs {100 * mean_b:.2f} %."
             )
@@ -681,14 +699,24 @@ def claim_holds(res: DatasetResult) -> tuple[bool, str]:
     return True, "the DAG's test error is <= every fixed structure's at every table budget"
 
 
-def render(results: Sequence[DatasetResult], skipped: Sequence[str], elapsed: float,
-           images: Mapping[str, Path]) -> str:
+def render(
+    results: Sequence[DatasetResult],
+    skipped: Sequence[str],
+    elapsed: float,
+    images: Mapping[str, Path],
+) -> str:
     cs = ", ".join(f"{v:.3g}" for v in COST_SCALES)
     lines = prose(
-        "dag", date=dt.date.today().isoformat(), platform=platform.platform(),
-        processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
-        python=platform.python_version(), elapsed=f"{elapsed:.1f}", cost_scales=cs,
-        thresholds=", ".join(f"{t:g}" for t in THRESHOLDS), n_grid=N_GRID,
+        "dag",
+        date=dt.date.today().isoformat(),
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        elapsed=f"{elapsed:.1f}",
+        cost_scales=cs,
+        thresholds=", ".join(f"{t:g}" for t in THRESHOLDS),
+        n_grid=N_GRID,
     )
     if skipped:
         lines += ["Skipped (data missing): " + "; ".join(skipped) + ".", ""]
@@ -701,20 +729,24 @@ def render(results: Sequence[DatasetResult], skipped: Sequence[str], elapsed: fl
             name = prefix.strip() or "DAG"
             groups = "; ".join("{" + ", ".join(g) + "}" for g in r.groups)
             if len(r.groups) <= 16 and all(len(g) <= 12 for g in r.groups):
-                lines.append(f"* {name}: {len(r.groups)} groups ({groups}), {r.n_states} "
-                             f"states. Cascade order (split 1): "
-                             + " → ".join("{" + ",".join(st) + "}" for st in r.cascade[1:])
-                             + ".")
+                lines.append(
+                    f"* {name}: {len(r.groups)} groups ({groups}), {r.n_states} "
+                    f"states. Cascade order (split 1): "
+                    + " → ".join("{" + ",".join(st) + "}" for st in r.cascade[1:])
+                    + "."
+                )
             else:
                 sizes = ", ".join(str(len(g)) for g in r.groups)
-                lines.append(f"* {name}: {len(r.groups)} groups of sizes {sizes}, "
-                             f"{r.n_states} states.")
+                lines.append(
+                    f"* {name}: {len(r.groups)} groups of sizes {sizes}, {r.n_states} states."
+                )
         lines += [
             f"* Run time {res.seconds:.1f} s. Plot: [`dag_{ds.key}.png`](dag_{ds.key}.png).",
             "",
             "Test error @ test average number of sensors, at validation-cost budget T:",
             "",
-            "| method | " + " | ".join(f"T = {t:g}" for t in ds.targets)
+            "| method | "
+            + " | ".join(f"T = {t:g}" for t in ds.targets)
             + f" | mean error over {N_GRID} budgets |",
             "|---|" + "---:|" * (len(ds.targets) + 1),
         ]
@@ -754,8 +786,13 @@ def doubts(results: Sequence[DatasetResult]) -> list[str]:
         for prefix, r in res.splits[0].items():
             if prefix == "" and res.dataset.variants[0].n_subsets is not None:
                 sizes = [len(g) for g in r.groups]
-                out += prose("dag", "doubt-alg2", key=res.dataset.key,
-                             n_subsets=len(r.groups) - 1, sizes=sizes[:-1])
+                out += prose(
+                    "dag",
+                    "doubt-alg2",
+                    key=res.dataset.key,
+                    n_subsets=len(r.groups) - 1,
+                    sizes=sizes[:-1],
+                )
     return out
 
 

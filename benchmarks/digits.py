@@ -23,26 +23,41 @@ def digits_report(out_path: str = "docs/benchmarks/digits.md") -> Path:
     m_features = len(m.extractors)
     polydom = m.polydom()
     lines = prose(
-        "digits", name=m.name, version=m.version, measured_at=measured_at(), machine=machine(),
-        features=m_features, lattice=2**m_features, expansions=int(stats.get("expansions", 0)),
+        "digits",
+        name=m.name,
+        version=m.version,
+        measured_at=measured_at(),
+        machine=machine(),
+        features=m_features,
+        lattice=2**m_features,
+        expansions=int(stats.get("expansions", 0)),
         closure_expansions=int(stats.get("closure_expansions", 0)),
-        candidates=len(polydom.candidates), ranges=len(polydom.index.breakpoints),
-        skyline_entries=sum(len(s) for s in polydom.index.skylines), epsilon=polydom.epsilon,
+        candidates=len(polydom.candidates),
+        ranges=len(polydom.index.breakpoints),
+        skyline_entries=sum(len(s) for s in polydom.index.skylines),
+        epsilon=polydom.epsilon,
         delta=polydom.delta,
     )
     from benchmarks.polydom import digits_epsilon_sweep, render_digits
 
     lines += render_digits(*digits_epsilon_sweep()).splitlines()
-    lines += prose("digits", "epsilon", epsilon=polydom.epsilon, delta=polydom.delta,
-                   half_epsilon=f"{polydom.epsilon / 2:g}")
+    lines += prose(
+        "digits",
+        "epsilon",
+        epsilon=polydom.epsilon,
+        delta=polydom.delta,
+        half_epsilon=f"{polydom.epsilon / 2:g}",
+    )
     lines += [
         "| extractor | dims | c(n) coefficients (1, n, n², …) | fit error | c(16²) | c(256²) |",
         "|---|---|---|---|---|---|",
     ]
     for e in m.extractors:
         coeffs = ", ".join(f"{c:.3g}" for c in e.cost.coefficients)
-        lines.append(f"| {e.name} | {e.dims} | {coeffs} | {e.cost.fit_error:.3f} | "
-                     f"{e.cost(256):.3f} | {e.cost(65536):.2f} |")
+        lines.append(
+            f"| {e.name} | {e.dims} | {coeffs} | {e.cost.fit_error:.3f} | "
+            f"{e.cost(256):.3f} | {e.cost(65536):.2f} |"
+        )
     lines += prose("digits", "accuracy")
     lines += [
         "| side | n | budget ms | accuracy | expected | mean spent ms | p95 spent ms | overruns |",
@@ -66,9 +81,15 @@ def strategies_report() -> Path:
 
     bundle = load(ROOT / "models" / "digits")
     names = [s.name for s in bundle.manifest.strategies]
-    points = list(evaluate_bundle(bundle, (32, 128, 256),
-                                  (0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0),
-                                  strategies=names, count=200))
+    points = list(
+        evaluate_bundle(
+            bundle,
+            (32, 128, 256),
+            (0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0),
+            strategies=names,
+            count=200,
+        )
+    )
     _, md = write_strategy_report(points, ROOT / "docs" / "benchmarks", "digits", 200)
     return md
 

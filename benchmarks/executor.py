@@ -30,7 +30,8 @@ from training.executor import Executor, make_executor
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTER_SPEC = DagSpec(
-    name="router", label="label",
+    name="router",
+    label="label",
     sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
     costs={"r": 1.0, "a": 5.0, "b": 5.0},
     cost_scales=[0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0],
@@ -58,8 +59,10 @@ def run(rows: int, n_jobs: int, address: str | None) -> list[dict[str, Any]]:
     executors: list[tuple[str, Callable[[], Executor]]] = [
         ("inline", lambda: make_executor("local")),
         (f"joblib, {n_jobs} workers", lambda: make_executor("local", n_jobs=n_jobs)),
-        (f"ray, {address}" if address else f"ray, local instance, {n_jobs} CPUs",
-         lambda: make_executor("ray", address=address, n_jobs=None if address else n_jobs)),
+        (
+            f"ray, {address}" if address else f"ray, local instance, {n_jobs} CPUs",
+            lambda: make_executor("ray", address=address, n_jobs=None if address else n_jobs),
+        ),
     ]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +75,15 @@ def run(rows: int, n_jobs: int, address: str | None) -> list[dict[str, Any]]:
                 t1 = time.perf_counter()
                 build_dag_bundle(folder / "router", ROUTER_SPEC, x, y_text, columns, executor=ex)
                 t2 = time.perf_counter()
-            results.append({
-                "executor": label,
-                "digits_s": t1 - t0, "digits": bundle_digest(folder / "digits"),
-                "dag_s": t2 - t1, "dag": bundle_digest(folder / "router"),
-            })
+            results.append(
+                {
+                    "executor": label,
+                    "digits_s": t1 - t0,
+                    "digits": bundle_digest(folder / "digits"),
+                    "dag_s": t2 - t1,
+                    "dag": bundle_digest(folder / "router"),
+                }
+            )
     return results
 
 
@@ -87,14 +94,18 @@ def main() -> None:
     parser.add_argument("--address", default=None, help="Ray cluster (default: local)")
     args = parser.parse_args()
     results = run(args.rows, args.n_jobs, args.address)
-    print(f"{platform.platform()}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; digits: {args.rows} rows, 7 extractors; "
-          f"DAG: router, 20000 rows, {len(ROUTER_SPEC.cost_scales)} cost scales\n")
+    print(
+        f"{platform.platform()}, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}; digits: {args.rows} rows, 7 extractors; "
+        f"DAG: router, 20000 rows, {len(ROUTER_SPEC.cost_scales)} cost scales\n"
+    )
     print("| executor | digits build s | digits bundle | DAG build s | DAG bundle |")
     print("| --- | ---: | --- | ---: | --- |")
     for r in results:
-        print(f"| {r['executor']} | {r['digits_s']:.1f} | `{r['digits']}` | {r['dag_s']:.1f} "
-              f"| `{r['dag']}` |")
+        print(
+            f"| {r['executor']} | {r['digits_s']:.1f} | `{r['digits']}` | {r['dag_s']:.1f} "
+            f"| `{r['dag']}` |"
+        )
 
 
 if __name__ == "__main__":

@@ -107,8 +107,11 @@ def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
     lines = prose(
         "extractors",
         platform=f"{platform.machine()} / {platform.processor() or platform.system()}",
-        cpus=os.cpu_count(), python=sys.version.split()[0], numpy=np.__version__,
-        elapsed=f"{elapsed:.0f}", repeats=REPEATS,
+        cpus=os.cpu_count(),
+        python=sys.version.split()[0],
+        numpy=np.__version__,
+        elapsed=f"{elapsed:.0f}",
+        repeats=REPEATS,
     )
     lines += [
         "| extractor | dims | " + " | ".join(f"{s} px" for s in TABLE_SIDES) + " |",
@@ -130,8 +133,13 @@ def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
             f" | {fit(256 * 256):.3f} |"
         )
     lines += prose(
-        "extractors", "accuracy", train_sides=list(TRAIN_SIDES), n_train=n_train, n_test=n_test,
-        transfer_side=TRANSFER_SIDE, extraction_s=f"{extraction_s:.1f}",
+        "extractors",
+        "accuracy",
+        train_sides=list(TRAIN_SIDES),
+        n_train=n_train,
+        n_test=n_test,
+        transfer_side=TRANSFER_SIDE,
+        extraction_s=f"{extraction_s:.1f}",
         fingerprint=data_fingerprint(TRAIN_SIDES, seed=SEED, mixed=True),
     )
     lines += [

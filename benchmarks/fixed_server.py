@@ -81,8 +81,9 @@ def create_fixed_app(bundle_dir: Path, model_id: str, max_pixels: int = 1 << 20)
     manifest = read_manifest(bundle_dir)
     specs = {m.id: m for m in manifest.models}
     if model_id not in specs:
-        raise KeyError(f"bundle {manifest.name!r} has no model {model_id!r}; it has "
-                       f"{sorted(specs)}")
+        raise KeyError(
+            f"bundle {manifest.name!r} has no model {model_id!r}; it has {sorted(specs)}"
+        )
     spec = specs[model_id]
     by_name = {e.name: e for e in manifest.extractors}
     extractors = {
@@ -93,24 +94,29 @@ def create_fixed_app(bundle_dir: Path, model_id: str, max_pixels: int = 1 << 20)
     decoder = make_decoder(manifest.item, max_pixels)
     classes = manifest.classes
     blank = np.zeros((32, 32), dtype=np.float32)
-    model.predict_proba({f: np.asarray(e.extract(blank), np.float32)
-                         for f, e in extractors.items()})  # warm-up, as the registry does
+    model.predict_proba(
+        {f: np.asarray(e.extract(blank), np.float32) for f, e in extractors.items()}
+    )  # warm-up, as the registry does
 
     app = FastAPI(title=f"fixed {model_id}")
 
     @app.exception_handler(BudgetServeError)
     async def _error(request: Any, exc: BudgetServeError) -> JSONResponse:
-        return JSONResponse({"error": {"type": exc.code, "message": exc.message}},
-                            status_code=422)
+        return JSONResponse({"error": {"type": exc.code, "message": exc.message}}, status_code=422)
 
     @app.post("/predict")
     def predict(body: FixedRequest) -> dict[str, Any]:
         item = decoder.decode(body.item)
-        features = {f: np.asarray(e.extract(item.data), dtype=np.float32)
-                    for f, e in extractors.items()}
+        features = {
+            f: np.asarray(e.extract(item.data), dtype=np.float32) for f, e in extractors.items()
+        }
         proba = model.predict_proba(features)
-        return {"prediction": classes[int(np.argmax(proba))], "answered_by": model_id,
-                "features": list(spec.features), "extracted": sorted(features)}
+        return {
+            "prediction": classes[int(np.argmax(proba))],
+            "answered_by": model_id,
+            "features": list(spec.features),
+            "extracted": sorted(features),
+        }
 
     @app.get("/readyz")
     def readyz() -> dict[str, bool]:
@@ -127,8 +133,13 @@ def serve_fixed(bundle_dir: Path, model_id: str, port: int, host: str = "127.0.0
     from service.server import HeadTimeoutH11Protocol, listening_socket
 
     sock = listening_socket(host, port)
-    config = uvicorn.Config(create_fixed_app(bundle_dir, model_id), host=host, port=port,
-                            http=HeadTimeoutH11Protocol, log_level="warning")
+    config = uvicorn.Config(
+        create_fixed_app(bundle_dir, model_id),
+        host=host,
+        port=port,
+        http=HeadTimeoutH11Protocol,
+        log_level="warning",
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
@@ -147,7 +158,7 @@ def fixed_model_ids(manifest: Any, extra: Sequence[str] = EXTRA_FIXED) -> list[s
     size = 512.0 * 512.0
 
     def cost(model_id: str) -> float:
-        return sum(costs[f](size) for f in manifest.model(model_id).features)
+        return float(sum(costs[f](size) for f in manifest.model(model_id).features))
 
     return sorted(dict.fromkeys(ids), key=cost)
 
@@ -198,22 +209,46 @@ class Server:
 
 def start_budgetserve(models_dir: Path) -> Server:
     port = _free_port()
-    env = dict(os.environ, BUDGETSERVE_PORT=str(port), BUDGETSERVE_HOST="127.0.0.1",
-               BUDGETSERVE_MODELS_DIR=str(models_dir), BUDGETSERVE_WORKERS="1")
+    env = dict(
+        os.environ,
+        BUDGETSERVE_PORT=str(port),
+        BUDGETSERVE_HOST="127.0.0.1",
+        BUDGETSERVE_MODELS_DIR=str(models_dir),
+        BUDGETSERVE_WORKERS="1",
+    )
     env.pop("REDIS_URL", None)
-    process = subprocess.Popen([sys.executable, "-m", "service"], env=env, cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return Server(BUDGETSERVE, port, process)
 
 
 def start_fixed(bundle_dir: Path, model_id: str) -> Server:
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fixed_server", "--serve", model_id,
-         "--port", str(port), "--bundle", str(bundle_dir)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.fixed_server",
+            "--serve",
+            model_id,
+            "--port",
+            str(port),
+            "--bundle",
+            str(bundle_dir),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return Server(f"fixed {model_id}", port, process)
 
@@ -223,8 +258,9 @@ def wait_ready(servers: Sequence[Server], timeout_s: float = 180.0) -> None:
     for server in servers:
         while True:
             if server.process.poll() is not None:
-                raise RuntimeError(f"{server.name} exited with {server.process.returncode} "
-                                   "before it was ready")
+                raise RuntimeError(
+                    f"{server.name} exited with {server.process.returncode} before it was ready"
+                )
             try:
                 if server.request("GET", "/readyz")[0] == 200:
                     break
@@ -322,8 +358,9 @@ def run_cells(
     return cells
 
 
-def _one(server: Server, cell: Cell, png: str, label: str, item_id: str,
-         record: bool = True) -> None:
+def _one(
+    server: Server, cell: Cell, png: str, label: str, item_id: str, record: bool = True
+) -> None:
     body: dict[str, Any] = {"model": "digits", "item": {"id": item_id, "png_base64": png}}
     if cell.budget is not None:
         body["budget"] = cell.budget
@@ -430,8 +467,9 @@ def calibration_table(
 
     manifest = read_manifest(bundle_dir)
     models = {k: v for k, v in load_models(manifest, bundle_dir).items() if v.spec.features}
-    extractors = {e.name: create_extractor(e.entry_point, e.version, e.params)
-                  for e in manifest.extractors}
+    extractors = {
+        e.name: create_extractor(e.entry_point, e.version, e.params) for e in manifest.extractors
+    }
     indices, labels = held_out_items(count, bundle_dir)
     from sklearn.datasets import load_digits
 
@@ -446,9 +484,10 @@ def calibration_table(
             for m, model in models.items():
                 pred = manifest.classes[int(np.argmax(model.predict_proba(feats)))]
                 hits[(m, side)] += int(pred == str(label))
-    rows = [CalibrationRow(m, model.spec.accuracy,
-                           {s: hits[(m, s)] / len(indices) for s in sides})
-            for m, model in models.items()]
+    rows = [
+        CalibrationRow(m, model.spec.accuracy, {s: hits[(m, s)] / len(indices) for s in sides})
+        for m, model in models.items()
+    ]
     return rows, len(indices)
 
 
@@ -458,8 +497,12 @@ def rank_inversions(
     """Pairs (F, G) of ``among`` with a(F) > a(G) but G serving at least ``margin`` more
     than F at ``side``."""
     chosen = [r for r in rows if r.model in among]
-    return [(f, g) for f in chosen for g in chosen
-            if f.estimate > g.estimate and g.served[side] - f.served[side] >= margin]
+    return [
+        (f, g)
+        for f in chosen
+        for g in chosen
+        if f.estimate > g.estimate and g.served[side] - f.served[side] >= margin
+    ]
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -476,8 +519,15 @@ def _label(cell: Cell) -> str:
 
 
 #: Short names of the digits extractors in the plot's labels.
-SHORT = {"thumbnail": "T", "histogram": "Hi", "projection": "P", "hog": "H", "lbp": "L",
-         "fft_bands": "F", "gabor": "G"}
+SHORT = {
+    "thumbnail": "T",
+    "histogram": "Hi",
+    "projection": "P",
+    "hog": "H",
+    "lbp": "L",
+    "fft_bands": "F",
+    "gabor": "G",
+}
 
 
 def short(model_id: str) -> str:
@@ -501,19 +551,39 @@ def plot(cells: Sequence[Cell], sides: Sequence[int], path: Path, floor: float =
             here = [c for c in cells if c.side == side]
             bs = sorted((c for c in here if not c.fixed), key=lambda c: c.budget or 0.0)
             fx = sorted((c for c in here if c.fixed), key=lambda c: c.p(q))
-            ax.plot([c.p(q) for c in bs], [max(c.accuracy, floor) for c in bs], "o-",
-                    label="budgetserve (label: budget ms)")
+            ax.plot(
+                [c.p(q) for c in bs],
+                [max(c.accuracy, floor) for c in bs],
+                "o-",
+                label="budgetserve (label: budget ms)",
+            )
             for c in bs:
-                ax.annotate(f"{c.budget:g}", (c.p(q), max(c.accuracy, floor)), fontsize=7,
-                            textcoords="offset points", xytext=(3, -10), color="C0")
-            ax.plot([c.p(q) for c in fx], [max(c.accuracy, floor) for c in fx], "s--",
-                    label="fixed (label: feature set)")
+                ax.annotate(
+                    f"{c.budget:g}",
+                    (c.p(q), max(c.accuracy, floor)),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(3, -10),
+                    color="C0",
+                )
+            ax.plot(
+                [c.p(q) for c in fx],
+                [max(c.accuracy, floor) for c in fx],
+                "s--",
+                label="fixed (label: feature set)",
+            )
             for c in fx:
                 name = short(c.server.removeprefix("fixed "))
                 if c.accuracy < floor:
                     name += f" ({c.accuracy:.2f})"
-                ax.annotate(name, (c.p(q), max(c.accuracy, floor)), fontsize=7,
-                            textcoords="offset points", xytext=(3, 4), color="C1")
+                ax.annotate(
+                    name,
+                    (c.p(q), max(c.accuracy, floor)),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(3, 4),
+                    color="C1",
+                )
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(ScalarFormatter())
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -523,8 +593,11 @@ def plot(cells: Sequence[Cell], sides: Sequence[int], path: Path, floor: float =
             ax.set_ylabel("accuracy on held-out digits")
             ax.grid(alpha=0.3)
             ax.legend(loc="best", fontsize=7)
-    fig.suptitle("budgetserve vs fixed-feature-set servers (T thumbnail, Hi histogram, "
-                 "P projection, H hog, L lbp, F fft_bands, G gabor)", fontsize=10)
+    fig.suptitle(
+        "budgetserve vs fixed-feature-set servers (T thumbnail, Hi histogram, "
+        "P projection, H hog, L lbp, F fft_bands, G gabor)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -532,43 +605,83 @@ def plot(cells: Sequence[Cell], sides: Sequence[int], path: Path, floor: float =
 
 def save_cells(cells: Sequence[Cell], path: Path) -> None:
     """The raw results (per-request latency and correctness), to re-render without a re-run."""
-    path.write_text(json.dumps([
-        {"server": c.server, "side": c.side, "budget": c.budget, "latency_ms": c.latency_ms,
-         "correct": c.correct, "features": c.features,
-         "extracted": sorted(list(e) for e in c.extracted), "errors": c.errors}
-        for c in cells]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "server": c.server,
+                    "side": c.side,
+                    "budget": c.budget,
+                    "latency_ms": c.latency_ms,
+                    "correct": c.correct,
+                    "features": c.features,
+                    "extracted": sorted(list(e) for e in c.extracted),
+                    "errors": c.errors,
+                }
+                for c in cells
+            ]
+        )
+    )
 
 
 def load_cells(path: Path) -> list[Cell]:
-    return [Cell(d["server"], d["side"], d["budget"], d["latency_ms"], d["correct"],
-                 d["features"], {tuple(e) for e in d["extracted"]}, d["errors"])
-            for d in json.loads(path.read_text())]
+    return [
+        Cell(
+            d["server"],
+            d["side"],
+            d["budget"],
+            d["latency_ms"],
+            d["correct"],
+            d["features"],
+            {tuple(e) for e in d["extracted"]},
+            d["errors"],
+        )
+        for d in json.loads(path.read_text())
+    ]
 
 
 def render(
-    cells: Sequence[Cell], ids: Sequence[str], sides: Sequence[int], count: int,
-    calibration: tuple[list[CalibrationRow], int] | None, wall_s: float, candidates: Sequence[str],
+    cells: Sequence[Cell],
+    ids: Sequence[str],
+    sides: Sequence[int],
+    count: int,
+    calibration: tuple[list[CalibrationRow], int] | None,
+    wall_s: float,
+    candidates: Sequence[str],
 ) -> list[str]:
     n_fixed = len(ids)
-    lines = prose("fixed_server", measured_at=measured_at(), machine=machine(), count=count,
-                  sides=", ".join(map(str, sides)),
-                  budgets=", ".join(f"{b:g}" for b in sorted({c.budget for c in cells
-                                                              if c.budget is not None})),
-                  fixed=", ".join(f"`{m}`" for m in ids), n_fixed=n_fixed,
-                  requests=sum(c.n + c.errors for c in cells), wall=f"{wall_s:.0f}")
+    lines = prose(
+        "fixed_server",
+        measured_at=measured_at(),
+        machine=machine(),
+        count=count,
+        sides=", ".join(map(str, sides)),
+        budgets=", ".join(
+            f"{b:g}" for b in sorted({c.budget for c in cells if c.budget is not None})
+        ),
+        fixed=", ".join(f"`{m}`" for m in ids),
+        n_fixed=n_fixed,
+        requests=sum(c.n + c.errors for c in cells),
+        wall=f"{wall_s:.0f}",
+    )
     summary: list[str] = []
     for side in sides:
         here = [c for c in cells if c.side == side]
-        lines += ["", f"### {side}×{side} ({side * side} pixels)", "",
-                  "| server | n | accuracy [95 % CI] | p50 ms | p95 ms | answered by "
-                  "| best fixed within this p95 | budgetserve ≥ it? |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {side}×{side} ({side * side} pixels)",
+            "",
+            "| server | n | accuracy [95 % CI] | p50 ms | p95 ms | answered by "
+            "| best fixed within this p95 | budgetserve ≥ it? |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         below = []
         for c in sorted(here, key=lambda c: (c.fixed, c.budget or 0.0, c.p(95))):
             lo, hi = wilson(sum(c.correct), c.n)
-            answered = ", ".join(f"{k} ×{v}" if len(c.features) > 1 else k
-                                 for k, v in sorted(c.features.items(), key=lambda kv: -kv[1])
-                                 [:3])
+            answered = ", ".join(
+                f"{k} ×{v}" if len(c.features) > 1 else k
+                for k, v in sorted(c.features.items(), key=lambda kv: -kv[1])[:3]
+            )
             if len(c.features) > 3:
                 answered += ", …"
             best, verdict = "", ""
@@ -590,50 +703,81 @@ def render(
             errors = f" ({c.errors} errors)" if c.errors else ""
             lines.append(
                 f"| {_label(c)} | {c.n}{errors} | {c.accuracy:.3f} [{lo:.3f}, {hi:.3f}] | "
-                f"{c.p(50):.2f} | {c.p(95):.2f} | {answered} | {best} | {verdict} |")
+                f"{c.p(50):.2f} | {c.p(95):.2f} | {answered} | {best} | {verdict} |"
+            )
         breaks = monotonicity_breaks(here)
-        summary.append(f"- **{side}×{side}**: budgetserve at least as accurate as the best "
-                       f"fixed server within its p95 in "
-                       f"{sum(1 for c in here if not c.fixed) - len(below)} of "
-                       f"{sum(1 for c in here if not c.fixed)} budgets"
-                       + ("" if not below else "; below it at " + ", ".join(
-                           f"{c.budget:g} ms ({c.accuracy:.3f} vs {b.server.removeprefix('fixed ')}"
-                           f" {b.accuracy:.3f}{', within the intervals' if soft else ''})"
-                           for c, b, soft in below))
-                       + "; accuracy non-decreasing in budget within its interval: "
-                       + ("yes" if not breaks else "no (" + ", ".join(
-                           f"{b.budget:g} ms: {b.accuracy:.3f} < {a.budget:g} ms's "
-                           f"{wilson(sum(a.correct), a.n)[0]:.3f} lower bound"
-                           for a, b in breaks) + ")") + ".")
+        summary.append(
+            f"- **{side}×{side}**: budgetserve at least as accurate as the best "
+            f"fixed server within its p95 in "
+            f"{sum(1 for c in here if not c.fixed) - len(below)} of "
+            f"{sum(1 for c in here if not c.fixed)} budgets"
+            + (
+                ""
+                if not below
+                else "; below it at "
+                + ", ".join(
+                    f"{c.budget:g} ms ({c.accuracy:.3f} vs {b.server.removeprefix('fixed ')}"
+                    f" {b.accuracy:.3f}{', within the intervals' if soft else ''})"
+                    for c, b, soft in below
+                )
+            )
+            + "; accuracy non-decreasing in budget within its interval: "
+            + (
+                "yes"
+                if not breaks
+                else "no ("
+                + ", ".join(
+                    f"{b.budget:g} ms: {b.accuracy:.3f} < {a.budget:g} ms's "
+                    f"{wilson(sum(a.correct), a.n)[0]:.3f} lower bound"
+                    for a, b in breaks
+                )
+                + ")"
+            )
+            + "."
+        )
     lines += prose("fixed_server", "summary")
     lines += summary
     lines += prose("fixed_server", "reading")
     if calibration is not None:
         rows, n = calibration
         cal_sides = sorted(rows[0].served)
-        lines += prose("fixed_server", "calibration", n=n,
-                       sides=", ".join(map(str, cal_sides)))
-        lines += ["| model | a(F) (manifest) | " + " | ".join(f"served @ {s}" for s in cal_sides)
-                  + " | candidate |",
-                  "|---|---|" + "---|" * len(cal_sides) + "---|"]
+        lines += prose("fixed_server", "calibration", n=n, sides=", ".join(map(str, cal_sides)))
+        lines += [
+            "| model | a(F) (manifest) | "
+            + " | ".join(f"served @ {s}" for s in cal_sides)
+            + " | candidate |",
+            "|---|---|" + "---|" * len(cal_sides) + "---|",
+        ]
         for r in sorted(rows, key=lambda r: -r.estimate):
-            lines.append(f"| {r.model} | {r.estimate:.3f} | "
-                         + " | ".join(f"{r.served[s]:.3f}" for s in cal_sides)
-                         + f" | {'yes' if r.model in candidates else ''} |")
+            lines.append(
+                f"| {r.model} | {r.estimate:.3f} | "
+                + " | ".join(f"{r.served[s]:.3f}" for s in cal_sides)
+                + f" | {'yes' if r.model in candidates else ''} |"
+            )
         estimates = [r.estimate for r in rows]
         rho = {s: spearman(estimates, [r.served[s] for r in rows]) for s in cal_sides}
-        lines += ["", "Rank agreement (Spearman) between a(F) and served accuracy, all models: "
-                  + ", ".join(f"{s} px: {rho[s]:.2f}" for s in cal_sides) + ".", ""]
-        lines += ["Pairs of fixed-server sets (candidates, `hog`, full set) that a(F) ranks "
-                  "one way and that serve the other way by ≥ 2 points:", ""]
+        lines += [
+            "",
+            "Rank agreement (Spearman) between a(F) and served accuracy, all models: "
+            + ", ".join(f"{s} px: {rho[s]:.2f}" for s in cal_sides)
+            + ".",
+            "",
+        ]
+        lines += [
+            "Pairs of fixed-server sets (candidates, `hog`, full set) that a(F) ranks "
+            "one way and that serve the other way by ≥ 2 points:",
+            "",
+        ]
         any_pair = False
         for s in cal_sides:
             pairs = rank_inversions(rows, s, ids)
             for f, g in pairs:
                 any_pair = True
-                lines.append(f"- side {s}: a({f.model}) = {f.estimate:.3f} > "
-                             f"a({g.model}) = {g.estimate:.3f}, but it serves "
-                             f"{f.served[s]:.3f} < {g.served[s]:.3f}")
+                lines.append(
+                    f"- side {s}: a({f.model}) = {f.estimate:.3f} > "
+                    f"a({g.model}) = {g.estimate:.3f}, but it serves "
+                    f"{f.served[s]:.3f} < {g.served[s]:.3f}"
+                )
         if not any_pair:
             lines.append("- none")
         lines += prose("fixed_server", "calibration-notes", n=n)

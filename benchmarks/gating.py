@@ -30,8 +30,12 @@ from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, par
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
-LABELS = {"adapt-gbrt": "ADAPT-GBRT", "adapt-lin": "ADAPT-LIN", "l1": "L1 baseline",
-          "greedymiser": "GreedyMiser"}
+LABELS = {
+    "adapt-gbrt": "ADAPT-GBRT",
+    "adapt-lin": "ADAPT-LIN",
+    "l1": "L1 baseline",
+    "greedymiser": "GreedyMiser",
+}
 PAPER_REDUCTION = {"letter-binary": 0.31, "miniboone": 0.63}
 
 
@@ -74,9 +78,15 @@ LETTER26_GRID = [
 LETTER26_GBRT = {"n_rounds": 20, "num_leaves": 16}
 
 
-def run_dataset(key: str, title: str, split: Split, methods: Sequence[str] = METHODS,
-                seed: int = 0, grid: Sequence[Config] | None = None,
-                gbrt_params: dict[str, Any] | None = None) -> DatasetRun:
+def run_dataset(
+    key: str,
+    title: str,
+    split: Split,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+    grid: Sequence[Config] | None = None,
+    gbrt_params: dict[str, Any] | None = None,
+) -> DatasetRun:
     start = time.perf_counter()
     Xtr, ytr = split.X_train, np.asarray(split.y_train)
     f0 = FittedF0.fit(_f0(seed), Xtr, ytr, random_state=seed)
@@ -84,22 +94,40 @@ def run_dataset(key: str, title: str, split: Split, methods: Sequence[str] = MET
     f0_val = float(np.mean(classes[f0.model.predict(split.X_val)] == split.y_val))
     f0_test = float(np.mean(classes[f0.model.predict(split.X_test)] == split.y_test))
     costs = np.ones(Xtr.shape[1])
-    points = sweep(Xtr, ytr, split.X_val, np.asarray(split.y_val), costs=costs, f0=f0,
-                   grid=default_grid(methods) if grid is None else grid, X_test=split.X_test,
-                   y_test=np.asarray(split.y_test), gbrt_params=gbrt_params,
-                   random_state=seed)
-    return DatasetRun(key, title, Xtr.shape[1],
-                      (len(ytr), len(split.y_val), len(split.y_test)), f0_val, f0_test, points,
-                      time.perf_counter() - start)
+    points = sweep(
+        Xtr,
+        ytr,
+        split.X_val,
+        np.asarray(split.y_val),
+        costs=costs,
+        f0=f0,
+        grid=default_grid(methods) if grid is None else grid,
+        X_test=split.X_test,
+        y_test=np.asarray(split.y_test),
+        gbrt_params=gbrt_params,
+        random_state=seed,
+    )
+    return DatasetRun(
+        key,
+        title,
+        Xtr.shape[1],
+        (len(ytr), len(split.y_val), len(split.y_test)),
+        f0_val,
+        f0_test,
+        points,
+        time.perf_counter() - start,
+    )
 
 
 def letter_binary(split: Split) -> Split:
     """The paper's binary Letters task: A–M vs N–Z."""
+
     def b(y: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return np.where(np.asarray(y) >= "N", "N-Z", "A-M")
 
-    return Split(split.X_train, b(split.y_train), split.X_val, b(split.y_val), split.X_test,
-                 b(split.y_test))
+    return Split(
+        split.X_train, b(split.y_train), split.X_val, b(split.y_val), split.X_test, b(split.y_test)
+    )
 
 
 def plot(run: DatasetRun, path: Path) -> None:
@@ -112,10 +140,22 @@ def plot(run: DatasetRun, path: Path) -> None:
     for method in METHODS:
         front = run.frontier(method)
         if front:
-            ax.plot([p.test_cost for p in front], [p.test_accuracy for p in front], marker="o",
-                    ms=4, label=LABELS[method])
-    ax.scatter([run.n_features], [run.f0_test], marker="*", s=160, color="black",
-               label="f0 (random forest, all features)", zorder=5)
+            ax.plot(
+                [p.test_cost for p in front],
+                [p.test_accuracy for p in front],
+                marker="o",
+                ms=4,
+                label=LABELS[method],
+            )
+    ax.scatter(
+        [run.n_features],
+        [run.f0_test],
+        marker="*",
+        s=160,
+        color="black",
+        label="f0 (random forest, all features)",
+        zorder=5,
+    )
     ax.axhline(run.f0_test - 0.01, color="grey", lw=0.8, ls="--", label="f0 − 1 %")
     ax.set_xlabel("average feature cost per test item (unit costs)")
     ax.set_ylabel("test accuracy")
@@ -130,8 +170,10 @@ def plot(run: DatasetRun, path: Path) -> None:
 def _fmt(p: SweepPoint | None, full: int) -> str:
     if p is None:
         return "— (never within 1 %)"
-    return (f"{p.test_cost:.2f} ({1 - p.test_cost / full:.0%} less), test acc "
-            f"{p.test_accuracy:.4f} [{p.id}]")
+    return (
+        f"{p.test_cost:.2f} ({1 - p.test_cost / full:.0%} less), test acc "
+        f"{p.test_accuracy:.4f} [{p.id}]"
+    )
 
 
 def report(runs: Sequence[DatasetRun]) -> list[str]:
@@ -158,8 +200,9 @@ def report(runs: Sequence[DatasetRun]) -> list[str]:
             "",
         ]
         for method in METHODS:
-            pts = ", ".join(f"{p.test_cost:.2f}→{p.test_accuracy:.3f}"
-                            for p in run.frontier(method))
+            pts = ", ".join(
+                f"{p.test_cost:.2f}→{p.test_accuracy:.3f}" for p in run.frontier(method)
+            )
             lines.append(f"- {LABELS[method]}: {pts}")
         lines += ["", f"![{run.title}](gating_{run.key}.png)", ""]
     return lines
@@ -170,10 +213,18 @@ def main(out: Path = OUT) -> Path:
     runs: list[DatasetRun] = []
     letter = load_letter(DATA)
     if letter is not None:
-        runs.append(run_dataset("letter-binary", "Letters, binary (A–M vs N–Z)",
-                                letter_binary(letter[0])))
-        runs.append(run_dataset("letter-26", "Letters, 26 classes", letter[0],
-                                grid=LETTER26_GRID, gbrt_params=LETTER26_GBRT))
+        runs.append(
+            run_dataset("letter-binary", "Letters, binary (A–M vs N–Z)", letter_binary(letter[0]))
+        )
+        runs.append(
+            run_dataset(
+                "letter-26",
+                "Letters, 26 classes",
+                letter[0],
+                grid=LETTER26_GRID,
+                gbrt_params=LETTER26_GBRT,
+            )
+        )
     mb = load_miniboone(DATA)
     if mb is not None:
         runs.append(run_dataset("miniboone", "MiniBooNE sample (2k/1k/2k rows)", mb[0][0]))

@@ -134,8 +134,11 @@ def epsilon_sweep(
             work = make_workload(m, gamma, seed=SEED + m)
             counts = [expand_polydom(m, work.evaluate, e / 2.0).expansions for e in epsilons]
             mono = counts == sorted(counts, reverse=True)
-            lines.append(f"| {gamma:g} | {m} | " + " | ".join(map(str, counts))
-                         + f" | {'yes' if mono else 'NO'} |")
+            lines.append(
+                f"| {gamma:g} | {m} | "
+                + " | ".join(map(str, counts))
+                + f" | {'yes' if mono else 'NO'} |"
+            )
     return lines
 
 
@@ -159,10 +162,16 @@ def _table(rows: list[Row]) -> list[str]:
 
 def render(rows: list[Row], queries: int, elapsed_s: float) -> str:
     lines = prose(
-        "polydom", date=dt.date.today().isoformat(), platform=platform.platform(),
-        processor=platform.processor() or platform.machine(), cpus=os.cpu_count(),
-        python=platform.python_version(), elapsed=f"{elapsed_s:.1f}", seed=SEED,
-        queries=queries, repeats=REPEATS,
+        "polydom",
+        date=dt.date.today().isoformat(),
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        elapsed=f"{elapsed_s:.1f}",
+        seed=SEED,
+        queries=queries,
+        repeats=REPEATS,
     )
     lines += [
         "## Expansions against ε (Property 3.9)",
@@ -241,17 +250,24 @@ def digits_lattice(bundle_dir: Path) -> tuple[np.ndarray, np.ndarray, tuple[floa
         model_id = model_id_for([n for i, n in enumerate(names) if mask >> i & 1])
         if model_id in recorded:
             known[mask] = float(recorded[model_id])
-    data = digits_features(make_extractors(names), tuple(params["train_sides"]),
-                           seed=int(params["seed"]), limit=params.get("limit"))
+    data = digits_features(
+        make_extractors(names),
+        tuple(params["train_sides"]),
+        seed=int(params["seed"]),
+        limit=params.get("limit"),
+    )
     evaluator = LatticeEvaluator(data, seed=int(params["seed"]))
     for mask in sorted(known, key=lambda k: -k.bit_count())[:2]:  # two recorded sets, recomputed
         if abs(evaluator(mask) - known[mask]) > 1e-12:
-            raise RuntimeError(f"recomputed a({mask}) = {evaluator(mask)} differs from the "
-                               f"bundle's {known[mask]}: the data or learner changed; rebuild.")
+            raise RuntimeError(
+                f"recomputed a({mask}) = {evaluator(mask)} differs from the "
+                f"bundle's {known[mask]}: the data or learner changed; rebuild."
+            )
     missing = [mask for mask in range(1 << m) if mask not in known]
     evaluator.prefetch(missing)
-    table = np.array([known.get(mask, evaluator.accuracy.get(mask, np.nan))
-                      for mask in range(1 << m)])
+    table = np.array(
+        [known.get(mask, evaluator.accuracy.get(mask, np.nan)) for mask in range(1 << m)]
+    )
     costs = _cost_matrix({e.name: e.cost for e in manifest.extractors}, names)
     polydom = manifest.polydom()
     lo, hi = polydom.size_domain
@@ -281,8 +297,16 @@ def digits_epsilon_sweep(
         for side, budget in DIGITS_POINTS:
             mask = model.lookup(float(side * side), budget)
             answers.append(float(table[mask]) if mask is not None else float("nan"))
-        rows.append(DigitsRow(eps, model.stats_.expansions, model.stats_.candidates,
-                              model.stats_.index_size, tuple(answers), tuple(best)))
+        rows.append(
+            DigitsRow(
+                eps,
+                model.stats_.expansions,
+                model.stats_.candidates,
+                model.stats_.index_size,
+                tuple(answers),
+                tuple(best),
+            )
+        )
     return rows, 1 << m
 
 
@@ -307,8 +331,10 @@ def render_digits(rows: list[DigitsRow], lattice: int) -> str:
     for r in rows:
         cells = " | ".join(f"{a - b:+.3f}" for a, b in zip(r.answers, base.answers, strict=True))
         gap = max(b - a for a, b in zip(r.answers, r.best, strict=True))
-        lines.append(f"| {r.epsilon:g} | {r.expansions} ({r.expansions / lattice:.0%}) | "
-                     f"{r.candidates} | {r.index_size} | {cells} | {gap:.3f} |")
+        lines.append(
+            f"| {r.epsilon:g} | {r.expansions} ({r.expansions / lattice:.0%}) | "
+            f"{r.candidates} | {r.index_size} | {cells} | {gap:.3f} |"
+        )
     best = " | ".join(f"{b:.3f}" for b in base.best)
     lines += [f"| best a(F) | | | | {best} | |", ""]
     half = next((r for r in rows if r.expansions <= lattice // 2), None)

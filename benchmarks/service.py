@@ -123,11 +123,17 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
     from training.data.digits import render_digit
 
     port = _free_port()
-    env = dict(os.environ, BUDGETSERVE_PORT=str(port), BUDGETSERVE_HOST="127.0.0.1",
-               BUDGETSERVE_MODELS_DIR=str(ROOT / "models"))
+    env = dict(
+        os.environ,
+        BUDGETSERVE_PORT=str(port),
+        BUDGETSERVE_HOST="127.0.0.1",
+        BUDGETSERVE_MODELS_DIR=str(ROOT / "models"),
+    )
     env.pop("REDIS_URL", None)
     server = subprocess.Popen(
-        [sys.executable, "-m", "service"], env=env, stdout=subprocess.DEVNULL,
+        [sys.executable, "-m", "service"],
+        env=env,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -144,8 +150,9 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
         digits = load_digits().images
         rng = np.random.default_rng(0)
         pngs = {
-            side: [_png_b64(render_digit(np.asarray(digits[i], float), side, rng))
-                   for i in range(50)]
+            side: [
+                _png_b64(render_digit(np.asarray(digits[i], float), side, rng)) for i in range(50)
+            ]
             for side in (32, 128)
         }
         scenarios: list[tuple[str, int, float, bool, int]] = [
@@ -163,8 +170,15 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
             for i in range(requests):
                 png = pngs[side][i % len(pngs[side])]
                 item_id = f"s{k}-{i % 50}" if cached else f"s{k}-{i}"
-                bodies.append(json.dumps({"model": "digits", "budget": budget,
-                                          "item": {"id": item_id, "png_base64": png}}).encode())
+                bodies.append(
+                    json.dumps(
+                        {
+                            "model": "digits",
+                            "budget": budget,
+                            "item": {"id": item_id, "png_base64": png},
+                        }
+                    ).encode()
+                )
             _run(client, bodies[:50], label, conc)  # warm-up (also fills the cache)
             series.append(_run(client, bodies[50:] + bodies[:50], label, conc))
     finally:
@@ -172,8 +186,12 @@ def main(out_path: str = "docs/benchmarks/service.md", requests: int = 500) -> P
         server.wait(timeout=30)
 
     lines = prose(
-        "service", measured_at=measured_at(), machine=machine(), requests=requests,
-        floor_p50=f"{np.percentile(floor, 50):.2f}", floor_p99=f"{np.percentile(floor, 99):.2f}",
+        "service",
+        measured_at=measured_at(),
+        machine=machine(),
+        requests=requests,
+        floor_p50=f"{np.percentile(floor, 50):.2f}",
+        floor_p99=f"{np.percentile(floor, 99):.2f}",
     )
     lines += [
         "| scenario | latency p50 ms | latency p99 ms | extraction p50 ms | overhead p50 ms "

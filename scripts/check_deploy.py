@@ -74,8 +74,15 @@ def compose_binary() -> Path | None:
 
 def compose_config_command(binary: Path) -> list[str]:
     # --no-interpolate would skip ${VAR:-default}; interpolate with the defaults instead.
-    return [str(binary), "--project-directory", str(DEPLOY), "-f", str(COMPOSE_FILE),
-            "config", "--quiet"]
+    return [
+        str(binary),
+        "--project-directory",
+        str(DEPLOY),
+        "-f",
+        str(COMPOSE_FILE),
+        "config",
+        "--quiet",
+    ]
 
 
 def run(argv: list[str]) -> bool:

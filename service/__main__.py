@@ -23,8 +23,12 @@ def main() -> None:
     settings = Settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sock = listening_socket(settings.host, settings.port)
-    log.info("listening on %s:%d (TCP_NODELAY), %d worker(s)",
-             settings.host, sock.getsockname()[1], settings.workers)
+    log.info(
+        "listening on %s:%d (TCP_NODELAY), %d worker(s)",
+        settings.host,
+        sock.getsockname()[1],
+        settings.workers,
+    )
     if settings.workers > 1:
         # Workers share their metrics through files (prometheus-client multiprocess mode);
         # the variable must be set before the workers import prometheus_client.
@@ -34,8 +38,12 @@ def main() -> None:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
         try:
             config = uvicorn.Config(
-                "service.http:create_app", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, timeout_graceful_shutdown=30,
+                "service.http:create_app",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                timeout_graceful_shutdown=30,
                 http=HeadTimeoutH11Protocol,
             )
             DrainingMultiprocess(config, sockets=[sock]).run()
@@ -45,8 +53,11 @@ def main() -> None:
                 shutil.rmtree(created, ignore_errors=True)
     else:
         config = uvicorn.Config(
-            create_app(settings), host=settings.host, port=settings.port,
-            timeout_graceful_shutdown=30, http=HeadTimeoutH11Protocol,
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            timeout_graceful_shutdown=30,
+            http=HeadTimeoutH11Protocol,
         )
         server = uvicorn.Server(config)
         try:

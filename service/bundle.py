@@ -282,9 +282,7 @@ class GreedyStrategy(StrategySpec):
             "kind": self.kind,
             "anytime": True,
             "reference_size": self.reference_size,
-            "sequences": [
-                {"lambdas": q.lambdas, "features": q.features} for q in self.sequences
-            ],
+            "sequences": [{"lambdas": q.lambdas, "features": q.features} for q in self.sequences],
         }
 
     def referenced_models(self) -> set[str]:
@@ -300,9 +298,7 @@ class GreedyStrategy(StrategySpec):
                     "undeclared extractors"
                 )
             for k, model_id in enumerate(sequence.models):
-                if model_id in features_of and features_of[model_id] != set(
-                    sequence.features[:k]
-                ):
+                if model_id in features_of and features_of[model_id] != set(sequence.features[:k]):
                     raise ValueError(
                         f"strategy {self.name!r}: model {model_id!r} does not use "
                         f"exactly the first {k} features of its sequence"
@@ -391,8 +387,10 @@ class DagStrategy(StrategySpec):
                 for index, node in enumerate(state.tree):
                     for child in (node.left, node.right):
                         # Pre-order: a child comes after its parent, so walks always end.
-                        if child >= len(state.tree) or 0 <= child <= index or (
-                            child < 0 and (-child - 1) > len(state.transitions)
+                        if (
+                            child >= len(state.tree)
+                            or 0 <= child <= index
+                            or (child < 0 and (-child - 1) > len(state.transitions))
                         ):
                             raise ValueError(f"DAG node child {child} is out of range")
             if len(states) != len(policy.states):
@@ -408,8 +406,12 @@ class DagStrategy(StrategySpec):
             "anytime": True,
             "groups": self.groups,
             "policies": [
-                {"cost_scale": p.cost_scale, "mean_cost": p.mean_cost, "error": p.error,
-                 "states": len(p.states)}
+                {
+                    "cost_scale": p.cost_scale,
+                    "mean_cost": p.mean_cost,
+                    "error": p.error,
+                    "states": len(p.states),
+                }
                 for p in self.policies
             ],
         }
@@ -451,7 +453,8 @@ class GatePoint(_Strict):
     )
     mean_cost: float = Field(ge=0, description="average feature cost per item on held-out data")
     fraction_full: float = Field(
-        ge=0, le=1,
+        ge=0,
+        le=1,
         description="fraction of held-out items sent to f0; the service's expected cost of the "
         "point at an item's size is c(g's and f1's features) + fraction_full x c(f0's others)",
     )
@@ -497,11 +500,19 @@ class GatingStrategy(StrategySpec):
             "kind": self.kind,
             "anytime": True,
             "points": [
-                {"id": p.id, "method": p.method, "p_full": p.p_full,
-                 "regularisation": p.regularisation, "gated": p.gate_file is not None,
-                 "gate_features": p.gate_features, "low_model": p.low_model,
-                 "high_model": p.high_model, "mean_cost": p.mean_cost,
-                 "fraction_full": p.fraction_full, "accuracy": p.accuracy}
+                {
+                    "id": p.id,
+                    "method": p.method,
+                    "p_full": p.p_full,
+                    "regularisation": p.regularisation,
+                    "gated": p.gate_file is not None,
+                    "gate_features": p.gate_features,
+                    "low_model": p.low_model,
+                    "high_model": p.high_model,
+                    "mean_cost": p.mean_cost,
+                    "fraction_full": p.fraction_full,
+                    "accuracy": p.accuracy,
+                }
                 for p in self.points
             ],
         }

@@ -111,9 +111,7 @@ class CircuitBreaker:
 
     def failure(self) -> None:
         self._consecutive += 1
-        if self._probing or (
-            self._open_until is None and self._consecutive >= self.failures
-        ):
+        if self._probing or (self._open_until is None and self._consecutive >= self.failures):
             self._open_until = time.monotonic() + self.retry_s
             self._probing = False
             self.trips += 1
@@ -297,7 +295,12 @@ def make_cache(
 ) -> FeatureCache:
     if redis_url:
         return RedisCache(
-            redis_url, ttl_s=ttl_s, timeout_ms=timeout_ms, retry_s=retry_s,
-            failures=failures, on_trip=on_trip, on_failure=on_failure,
+            redis_url,
+            ttl_s=ttl_s,
+            timeout_ms=timeout_ms,
+            retry_s=retry_s,
+            failures=failures,
+            on_trip=on_trip,
+            on_failure=on_failure,
         )
     return InProcessCache(max_bytes)

@@ -81,8 +81,7 @@ class UnsupportedMediaType(BudgetServeError):
     def __init__(self, content_type: str | None) -> None:
         given = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
         super().__init__(
-            f"the request body must be JSON sent with Content-Type: application/json; "
-            f"got {given}",
+            f"the request body must be JSON sent with Content-Type: application/json; got {given}",
             content_type=content_type,
         )
 

@@ -188,8 +188,15 @@ class PredictHandler:
         queued_at = time.perf_counter()
         waited = await self._acquire(budget / 1e3 if measured else None, nbytes)
         if waited is None:
-            run = execute(bundle, decoded, 0.0, in_hand, time.perf_counter() - cache_s,
-                          runtime=runtime, on_inference=self._observe_inference)
+            run = execute(
+                bundle,
+                decoded,
+                0.0,
+                in_hand,
+                time.perf_counter() - cache_s,
+                runtime=runtime,
+                on_inference=self._observe_inference,
+            )
             queued_s = time.perf_counter() - queued_at
         else:
             try:
@@ -225,9 +232,7 @@ class PredictHandler:
         # A read may take a share of a budget in milliseconds; budgets in other units get the
         # cache's own timeout.
         timeout = (
-            CACHE_READ_SHARE * budget / 1e3
-            if bundle.manifest.cost_basis == "measured"
-            else None
+            CACHE_READ_SHARE * budget / 1e3 if bundle.manifest.cost_basis == "measured" else None
         )
         try:
             values = await self.cache.get_many(keys, timeout_s=timeout)

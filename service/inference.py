@@ -33,9 +33,7 @@ def bundle_file(bundle_dir: Path, file: str, what: str) -> Path:
     return path
 
 
-def open_onnx(
-    bundle_dir: Path, file: str, what: str, field: str = "file"
-) -> ort.InferenceSession:
+def open_onnx(bundle_dir: Path, file: str, what: str, field: str = "file") -> ort.InferenceSession:
     """An ONNX Runtime session on ``bundle_dir / file`` (one thread: requests run in
     parallel, not their models); ``BundleError`` naming ``what`` and the manifest's
     ``field`` if the file is outside the bundle folder, missing or does not load.

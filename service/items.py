@@ -261,8 +261,7 @@ class TabularDecoder:
         missing = [c for c in self.columns if c not in parsed.values]
         if missing:
             raise InvalidItem(
-                f"item.values lacks {len(missing)} column(s) this model needs: "
-                f"{_names(missing)}",
+                f"item.values lacks {len(missing)} column(s) this model needs: {_names(missing)}",
                 missing=missing,
             )
         unknown = [c for c in parsed.values if c not in self._known]
@@ -273,7 +272,8 @@ class TabularDecoder:
                 unknown=[_clip(c) for c in unknown[:_LISTED]],
             )
         bad = [
-            c for c in self.columns
+            c
+            for c in self.columns
             if not math.isfinite(parsed.values[c]) or abs(parsed.values[c]) > _FLOAT32_MAX
         ]
         if bad:

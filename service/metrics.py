@@ -28,54 +28,80 @@ class Metrics:
         self.request_latency = Histogram(
             "budgetserve_request_duration_seconds",
             "Wall time of POST /predict, from request to response",
-            ["model"], buckets=_LATENCY_S, registry=r,
+            ["model"],
+            buckets=_LATENCY_S,
+            registry=r,
         )
         self.requests = Counter(
-            "budgetserve_requests_total", "Predict requests by outcome", ["model", "status"],
+            "budgetserve_requests_total",
+            "Predict requests by outcome",
+            ["model", "status"],
             registry=r,
         )
         self.extraction = Histogram(
-            "budgetserve_extraction_seconds", "Time of one feature extraction", ["extractor"],
-            buckets=_LATENCY_S, registry=r,
+            "budgetserve_extraction_seconds",
+            "Time of one feature extraction",
+            ["extractor"],
+            buckets=_LATENCY_S,
+            registry=r,
         )
         self.inference = Histogram(
-            "budgetserve_inference_seconds", "Time of one model inference", ["model"],
-            buckets=_LATENCY_S, registry=r,
+            "budgetserve_inference_seconds",
+            "Time of one model inference",
+            ["model"],
+            buckets=_LATENCY_S,
+            registry=r,
         )
         self.spent = Histogram(
-            "budgetserve_spent_cost", "Cost spent per request, in the bundle's unit",
-            ["model"], buckets=_COST, registry=r,
+            "budgetserve_spent_cost",
+            "Cost spent per request, in the bundle's unit",
+            ["model"],
+            buckets=_COST,
+            registry=r,
         )
         self.budget = Histogram(
             "budgetserve_request_budget",
-            "Budget granted per answered request, in the bundle's unit", ["model"],
-            buckets=_COST, registry=r,
+            "Budget granted per answered request, in the bundle's unit",
+            ["model"],
+            buckets=_COST,
+            registry=r,
         )
         self.utilisation = Histogram(
-            "budgetserve_budget_utilisation", "Spent cost / budget per request", ["model"],
-            buckets=_UTILISATION, registry=r,
+            "budgetserve_budget_utilisation",
+            "Spent cost / budget per request",
+            ["model"],
+            buckets=_UTILISATION,
+            registry=r,
         )
         self.cache = Counter(
-            "budgetserve_cache_requests_total", "Feature cache lookups and writes by result",
-            ["result"], registry=r,
+            "budgetserve_cache_requests_total",
+            "Feature cache lookups and writes by result",
+            ["result"],
+            registry=r,
         )
         self.circuit_trips = Counter(
             "budgetserve_cache_circuit_trips_total",
-            "Times the Redis circuit breaker opened (consecutive Redis failures)", registry=r,
+            "Times the Redis circuit breaker opened (consecutive Redis failures)",
+            registry=r,
         )
         self.admission = Counter(
             "budgetserve_admission_total",
             "Requests that found every extraction thread busy and were not simply queued: "
             "refused (queue_full, queue_bytes) or answered at once from what they had "
-            "(answered_unqueued, wait_expired)", ["result"], registry=r,
+            "(answered_unqueued, wait_expired)",
+            ["result"],
+            registry=r,
         )
         self.budget_exceeded = Counter(
             "budgetserve_budget_exceeded_total",
-            "Requests whose extraction ran past the budget (deadline_exceeded)", ["model"],
+            "Requests whose extraction ran past the budget (deadline_exceeded)",
+            ["model"],
             registry=r,
         )
         self.models_loaded = Gauge(
-            "budgetserve_models_loaded", "Bundles loaded and ready", registry=r,
+            "budgetserve_models_loaded",
+            "Bundles loaded and ready",
+            registry=r,
             multiprocess_mode="max",
         )
         for result in ("hit", "miss", "error", "write_error", "bypass", "deadline", "skipped"):

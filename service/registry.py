@@ -98,8 +98,7 @@ def find_bundles(models_dir: Path) -> list[Path]:
     if not models_dir.is_dir():
         return []
     return sorted(
-        p for p in models_dir.iterdir()
-        if p.is_dir() and os.path.lexists(p / MANIFEST_FILE)
+        p for p in models_dir.iterdir() if p.is_dir() and os.path.lexists(p / MANIFEST_FILE)
     )
 
 
@@ -179,8 +178,7 @@ def _load(
         plugin = spec.entry_point
         if plugin in broken and plugin not in installed:
             raise BundleError(
-                f"bundle {manifest.name!r}: extractor {plugin!r} failed to import: "
-                f"{broken[plugin]}"
+                f"bundle {manifest.name!r}: extractor {plugin!r} failed to import: {broken[plugin]}"
             )
         try:
             extractor = create_extractor(plugin, spec.version, spec.params, installed)
@@ -278,10 +276,13 @@ def load_registry(
             continue
         if bundle.name in registry.bundles:
             first = registry.bundles[bundle.name].path.name
-            registry.fail(Failure(
-                path.name, path.name,
-                f"duplicate bundle name {bundle.name!r}: folder {first!r} already serves it",
-            ))
+            registry.fail(
+                Failure(
+                    path.name,
+                    path.name,
+                    f"duplicate bundle name {bundle.name!r}: folder {first!r} already serves it",
+                )
+            )
             continue
         registry.bundles[bundle.name] = bundle
         registry.failed.pop(bundle.name, None)

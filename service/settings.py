@@ -103,6 +103,7 @@ class Settings(BaseSettings):
     calibration_min_samples: int = Field(
         default=30, ge=1, description="samples a bucket needs before its correction is used"
     )
+
     @model_validator(mode="after")
     def _calibration_window(self) -> Settings:
         if self.calibration_min_samples > self.calibration_window:

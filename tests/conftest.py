@@ -38,8 +38,9 @@ def digit_image(index: int, side: int) -> np.ndarray:
     from training.data.digits import render_digit
 
     images = load_digits().images
-    return render_digit(np.asarray(images[index], dtype=np.float64), side,
-                        np.random.default_rng(index))
+    return render_digit(
+        np.asarray(images[index], dtype=np.float64), side, np.random.default_rng(index)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +64,13 @@ def tiny_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "hog": CostPolynomial(coefficients=[0.02, 1e-9]),
     }
     config = BuildConfig(
-        name="tiny", extractors=("thumbnail", "histogram", "hog"), limit=400,
-        train_sides=(16, 32), profile_sides=(16, 256), epsilon=0.0, delta=0.02,
+        name="tiny",
+        extractors=("thumbnail", "histogram", "hog"),
+        limit=400,
+        train_sides=(16, 32),
+        profile_sides=(16, 256),
+        epsilon=0.0,
+        delta=0.02,
     )
     build_bundle(root / "tiny", config, costs=costs)
     return root / "tiny"
@@ -86,9 +92,19 @@ def redis_url() -> Iterator[str]:
     try:
         port = free_port()
         proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
     except FileNotFoundError:
         pytest.skip("redis-server is not installed and REDIS_URL is unset (make test sets it)")

@@ -299,7 +299,8 @@ def test_documented_cache_keys_and_extractor_specs() -> None:
     scan = content_key("png1", b"", "scan-42").split(":id:")[1]
     vitals = make_decoder(ItemSpec(kind="tabular", columns=["pressure", "bmi", "skin"]), 1)
     patient = vitals.decode(
-        {"id": "patient-17", "values": {"pressure": 72, "bmi": 31.2, "skin": 20}}).key
+        {"id": "patient-17", "values": {"pressure": 72, "bmi": 31.2, "skin": 20}}
+    ).key
     examples: list[tuple[str, str, dict[str, Any]]] = [
         (f"png1:{png}", "edge_density", {}),
         (f"png1:{png}:id:{scan}", "edge_density", {"grid": 8}),

@@ -32,13 +32,26 @@ console = Console()
 # Where a command's parallel training tasks run (docs/distributed-training.md): declare
 # `executor: ExecutorOption = ExecutorKind.LOCAL, address: AddressOption = None,
 # n_jobs: NJobsOption = None` and run the work inside `with open_executor(...) as ex:`.
-ExecutorOption = Annotated[ExecutorKind, typer.Option(
-    "--executor", help="where lattice expansions and sweeps run: local (joblib) or ray")]
-AddressOption = Annotated[str | None, typer.Option(
-    "--address", help="Ray cluster to join (HEAD:6379); default: start a local Ray instance")]
-NJobsOption = Annotated[int | None, typer.Option(
-    "--n-jobs", help="local: joblib workers (default 1: in this process; -1: every core); "
-                     "ray without --address: CPUs of the local instance")]
+ExecutorOption = Annotated[
+    ExecutorKind,
+    typer.Option(
+        "--executor", help="where lattice expansions and sweeps run: local (joblib) or ray"
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address", help="Ray cluster to join (HEAD:6379); default: start a local Ray instance"
+    ),
+]
+NJobsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--n-jobs",
+        help="local: joblib workers (default 1: in this process; -1: every core); "
+        "ray without --address: CPUs of the local instance",
+    ),
+]
 
 
 def open_executor(executor: ExecutorKind, address: str | None, n_jobs: int | None) -> Executor:
@@ -73,8 +86,11 @@ def profile(
     costs = profile_costs(make_extractors(), _sides(sides), repeats, quantile, progress=True)
     table = Table("extractor", "c(n) coefficients [ms]", "fit error", title="cost model")
     for name, cost in costs.items():
-        table.add_row(name, ", ".join(f"{c:.3g}" for c in cost.coefficients),
-                      f"{cost.fit_error:.3f}" if cost.fit_error is not None else "-")
+        table.add_row(
+            name,
+            ", ".join(f"{c:.3g}" for c in cost.coefficients),
+            f"{cost.fit_error:.3f}" if cost.fit_error is not None else "-",
+        )
     console.print(table)
 
 
@@ -101,11 +117,24 @@ def build(
     workers = open_executor(executor, address, n_jobs)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = BuildConfig(
-        name=out.name, epsilon=epsilon, delta=delta, train_sides=_sides(train_sides),
-        profile_sides=_sides(profile_sides), profile_repeats=repeats, seed=seed,
+        name=out.name,
+        epsilon=epsilon,
+        delta=delta,
+        train_sides=_sides(train_sides),
+        profile_sides=_sides(profile_sides),
+        profile_repeats=repeats,
+        seed=seed,
     )
-    with workers, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeElapsedColumn(), console=console) as bar:
+    with (
+        workers,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as bar,
+    ):
         tasks: dict[str, TaskID] = {}
 
         def report(stage: str, done: int, total: int) -> None:
@@ -114,8 +143,7 @@ def build(
                 tasks[stage] = bar.add_task(label.get(stage, stage), total=total)
             bar.update(tasks[stage], completed=done)
 
-        result = build_bundle(out, config, progress=report, profile_progress=True,
-                              executor=workers)
+        result = build_bundle(out, config, progress=report, profile_progress=True, executor=workers)
     stats = result.manifest.polydom().stats
     console.print(
         f"[bold]{result.manifest.name}[/] {result.manifest.version} written to {out}: "
@@ -152,11 +180,15 @@ def _evaluate(bundle: Path, sides: str, budgets: str, strategies: str, count: in
     names = _strategies(strategies, [s.name for s in loaded.manifest.strategies])
     side_values, budget_values = _sides(sides), _budgets(budgets)
     points = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task("evaluating", total=len(side_values) * len(budget_values) * len(names))
-        for p in evaluate_bundle(loaded, side_values, budget_values, strategies=names,
-                                 count=count):
+        for p in evaluate_bundle(loaded, side_values, budget_values, strategies=names, count=count):
             points.append(p)
             bar.advance(task)
     return points
@@ -173,12 +205,28 @@ def evaluate(
     """Accuracy, spent cost and overrun rate at (size, budget) points, on held-out digits,
     through the serving code path (live calibration off: the bundle's own cost model)."""
     points = _evaluate(bundle, sides, budgets, strategies, count)
-    table = Table("side", "budget ms", "strategy", "accuracy", "expected", "mean spent",
-                  "p95 spent", "over budget", title=f"{bundle.name} on {count} held-out digits")
+    table = Table(
+        "side",
+        "budget ms",
+        "strategy",
+        "accuracy",
+        "expected",
+        "mean spent",
+        "p95 spent",
+        "over budget",
+        title=f"{bundle.name} on {count} held-out digits",
+    )
     for p in points:
-        table.add_row(str(p.side), f"{p.budget:g}", p.strategy, f"{p.accuracy:.3f}",
-                      f"{p.expected_accuracy:.3f}", f"{p.mean_spent:.2f}", f"{p.p95_spent:.2f}",
-                      f"{p.overrun_rate:.1%}")
+        table.add_row(
+            str(p.side),
+            f"{p.budget:g}",
+            p.strategy,
+            f"{p.accuracy:.3f}",
+            f"{p.expected_accuracy:.3f}",
+            f"{p.mean_spent:.2f}",
+            f"{p.p95_spent:.2f}",
+            f"{p.overrun_rate:.1%}",
+        )
     console.print(table)
 
 
@@ -201,10 +249,18 @@ def plot(
     console.print(f"wrote {png} and {md}")
 
 
-CsvOption = Annotated[Path, typer.Option("--csv", help="data, one row per item",
-                                         exists=True, dir_okay=False)]
-SpecOption = Annotated[Path, typer.Option("--spec", help="the spec: label, sensors, costs, ... "
-                                          "(JSON or YAML)", exists=True, dir_okay=False)]
+CsvOption = Annotated[
+    Path, typer.Option("--csv", help="data, one row per item", exists=True, dir_okay=False)
+]
+SpecOption = Annotated[
+    Path,
+    typer.Option(
+        "--spec",
+        help="the spec: label, sensors, costs, ... (JSON or YAML)",
+        exists=True,
+        dir_okay=False,
+    ),
+]
 OutOption = Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")]
 
 
@@ -258,16 +314,30 @@ def dag(
     from training.bundles.dag import DagSpec, build_dag_bundle
 
     spec, result, target = _build_tabular(
-        DagSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
+        DagSpec.load,
+        csv_path,
+        spec_path,
+        out,
+        open_executor(executor, address, n_jobs),
         lambda spec, rows: f"training {len(spec.cost_scales)} operating points on {rows} rows",
         build_dag_bundle,
     )
-    table = Table("cost scale", "val cost", "val error", "test cost", "test error",
-                  title=f"{spec.name}: DAG operating points ({spec.unit})")
+    table = Table(
+        "cost scale",
+        "val cost",
+        "val error",
+        "test cost",
+        "test error",
+        title=f"{spec.name}: DAG operating points ({spec.unit})",
+    )
     for p in result.points:
-        table.add_row(f"{p['cost_scale']:g}", f"{p['validation_cost']:.2f}",
-                      f"{p['validation_error']:.3f}", f"{p['test_cost']:.2f}",
-                      f"{p['test_error']:.3f}")
+        table.add_row(
+            f"{p['cost_scale']:g}",
+            f"{p['validation_cost']:.2f}",
+            f"{p['validation_error']:.3f}",
+            f"{p['test_cost']:.2f}",
+            f"{p['test_error']:.3f}",
+        )
     console.print(table)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
@@ -291,17 +361,30 @@ def gating(
     from training.bundles.gating import GatingSpec, build_gating_bundle
 
     spec, result, target = _build_tabular(
-        GatingSpec.load, csv_path, spec_path, out, open_executor(executor, address, n_jobs),
+        GatingSpec.load,
+        csv_path,
+        spec_path,
+        out,
+        open_executor(executor, address, n_jobs),
         lambda spec, rows: f"sweeping {len(spec.configs())} configurations on {rows} rows",
         build_gating_bundle,
     )
     strategy = result.manifest.strategy("gating")
-    table = Table("operating point", "accuracy", "average cost", "sent to f0",
-                  title=f"{spec.name}: gating points (chosen on validation rows; numbers on "
-                        f"test rows, in {spec.unit})")
+    table = Table(
+        "operating point",
+        "accuracy",
+        "average cost",
+        "sent to f0",
+        title=f"{spec.name}: gating points (chosen on validation rows; numbers on "
+        f"test rows, in {spec.unit})",
+    )
     for point in getattr(strategy, "points", []):
-        table.add_row(point.id, f"{point.accuracy:.3f}", f"{point.mean_cost:.2f}",
-                      f"{point.fraction_full:.0%}")
+        table.add_row(
+            point.id,
+            f"{point.accuracy:.3f}",
+            f"{point.mean_cost:.2f}",
+            f"{point.fraction_full:.0%}",
+        )
     console.print(table)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
@@ -312,8 +395,10 @@ def sample(
     index: Annotated[int, typer.Option(min=0, max=1796, help="which scikit-learn digit")] = 0,
     budget: Annotated[float, typer.Option(min=0.001, help="budget in ms (> 0)")] = 5.0,
     model: Annotated[str, typer.Option()] = "digits",
-    item_id: Annotated[str | None, typer.Option(
-        "--id", help="item id: folded into the content cache key (keeps items apart)")] = None,
+    item_id: Annotated[
+        str | None,
+        typer.Option("--id", help="item id: folded into the content cache key (keeps items apart)"),
+    ] = None,
 ) -> None:
     """Print a POST /predict body for one rendered digit (for curl and the README tour)."""
     import base64

@@ -96,8 +96,9 @@ def evaluate_bundle(
             for item, label in zip(items, labels, strict=True):
                 for name, runtime in zip(names, runtimes, strict=True):
                     start = time.perf_counter()
-                    run = execute(bundle, item, budget, {}, start, reserve_ms=reserve,
-                                  runtime=runtime)
+                    run = execute(
+                        bundle, item, budget, {}, start, reserve_ms=reserve, runtime=runtime
+                    )
                     spent[name].append(run.spent)
                     correct[name] += int(classes[int(np.argmax(run.probabilities))] == str(label))
                     overruns[name] += int(run.over_budget(budget))

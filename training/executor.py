@@ -121,9 +121,9 @@ class LocalExecutor(Executor):
             self._parallel = Parallel(n_jobs=self.n_jobs)
             self._parallel.__enter__()
             self._limits = thread_limits()
-        return list(self._parallel(
-            delayed(run_limited)(self._limits, fn, *shared, item) for item in todo
-        ))
+        return list(
+            self._parallel(delayed(run_limited)(self._limits, fn, *shared, item) for item in todo)
+        )
 
     def close(self) -> None:
         if self._parallel is not None:
@@ -175,8 +175,11 @@ class RayExecutor(Executor):
         if self._started:
             return
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "configure_logging": False}
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "configure_logging": False,
+            }
             if self.address is None:  # "local": a new instance, never a cluster found nearby
                 kwargs["num_cpus"] = self.n_jobs or os.cpu_count() or 1
             kwargs.update(self.init_kwargs)

@@ -26,18 +26,25 @@ def plot_accuracy_vs_budget(points: Sequence[EvalPoint], out: Path, title: str) 
     budget (log scale), one line per strategy."""
     sides = sorted({p.side for p in points})
     strategies = list(dict.fromkeys(p.strategy for p in points))
-    fig, axes = plt.subplots(2, len(sides), figsize=(4.2 * len(sides), 6.4), squeeze=False,
-                             sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    fig, axes = plt.subplots(
+        2,
+        len(sides),
+        figsize=(4.2 * len(sides), 6.4),
+        squeeze=False,
+        sharex=True,
+        gridspec_kw={"height_ratios": [3, 1.3]},
+    )
     for col, side in enumerate(sides):
         for name in strategies:
-            rows = sorted((p for p in points if p.side == side and p.strategy == name),
-                          key=lambda p: p.budget)
+            rows = sorted(
+                (p for p in points if p.side == side and p.strategy == name), key=lambda p: p.budget
+            )
             budgets = [p.budget for p in rows]
             style = STYLE.get(name, {})
-            axes[0][col].plot(budgets, [p.accuracy for p in rows], label=name, markersize=4,
-                              **style)
-            axes[1][col].plot(budgets, [100 * p.overrun_rate for p in rows], markersize=3,
-                              **style)
+            axes[0][col].plot(
+                budgets, [p.accuracy for p in rows], label=name, markersize=4, **style
+            )
+            axes[1][col].plot(budgets, [100 * p.overrun_rate for p in rows], markersize=3, **style)
         axes[0][col].set_title(f"{side}x{side} px (n = {side * side})")
         axes[0][col].set_xscale("log")
         axes[0][col].grid(alpha=0.3)
@@ -74,22 +81,27 @@ def write_strategy_report(
 ) -> tuple[Path, Path]:
     """``<name>_accuracy_vs_budget.png`` and ``<name>_strategies.md`` in folder ``out``."""
     png = plot_accuracy_vs_budget(
-        points, out / f"{name}_accuracy_vs_budget.png",
+        points,
+        out / f"{name}_accuracy_vs_budget.png",
         f"{name}: accuracy vs budget ({count} held-out items per point)",
     )
     md = out / f"{name}_strategies.md"
-    md.write_text("\n".join([
-        f"# {name}: accuracy vs budget per strategy",
-        "",
-        "Held-out digits rendered at each size, served through the serving code path "
-        "(`service.execution.execute`, 0.5 ms overhead reserve, live calibration off: the "
-        "bundle's own p95 cost model), every item run through each strategy in turn. "
-        "*expected* is the cross-validated accuracy of the answering models; *over budget* "
-        "the share of requests whose measured cost passed the budget.",
-        "",
-        f"![plot]({png.name})",
-        "",
-        *markdown_table(points),
-        "",
-    ]))
+    md.write_text(
+        "\n".join(
+            [
+                f"# {name}: accuracy vs budget per strategy",
+                "",
+                "Held-out digits rendered at each size, served through the serving code path "
+                "(`service.execution.execute`, 0.5 ms overhead reserve, live calibration off: the "
+                "bundle's own p95 cost model), every item run through each strategy in turn. "
+                "*expected* is the cross-validated accuracy of the answering models; *over budget* "
+                "the share of requests whose measured cost passed the budget.",
+                "",
+                f"![plot]({png.name})",
+                "",
+                *markdown_table(points),
+                "",
+            ]
+        )
+    )
     return png, md

@@ -138,13 +138,19 @@ def synthetic_bundle(
         feats = mask_features(names, mask)
         acc = work.evaluate(mask)
         if feats:
-            models.append(ModelSpec(
-                id=model_id_for(feats), features=feats, accuracy=acc,
-                file=f"{model_id_for(feats).replace('+', '__')}.onnx", input_dims=len(feats),
-            ))
+            models.append(
+                ModelSpec(
+                    id=model_id_for(feats),
+                    features=feats,
+                    accuracy=acc,
+                    file=f"{model_id_for(feats).replace('+', '__')}.onnx",
+                    input_dims=len(feats),
+                )
+            )
         else:
-            models.append(ModelSpec(id="prior", features=[], accuracy=acc, prior=[0.5, 0.5],
-                                    input_dims=0))
+            models.append(
+                ModelSpec(id="prior", features=[], accuracy=acc, prior=[0.5, 0.5], input_dims=0)
+            )
     strategies = make_strategies(names, polydom, greedy_fits)
     manifest = Manifest(
         name=f"synthetic-m{m}-g{gamma:g}-s{seed}",
@@ -154,9 +160,12 @@ def synthetic_bundle(
         item=ItemSpec(kind="image", max_pixels=int(SIZE_DOMAIN[1])),
         extractors=[
             ExtractorSpec(
-                name=name, version="synthetic", dims=1,
-                cost=CostPolynomial(coefficients=[float(c) for c in p95[i]], unit="units",
-                                    quantile=0.95),
+                name=name,
+                version="synthetic",
+                dims=1,
+                cost=CostPolynomial(
+                    coefficients=[float(c) for c in p95[i]], unit="units", quantile=0.95
+                ),
             )
             for i, name in enumerate(names)
         ],
@@ -175,9 +184,16 @@ def synthetic_bundle(
         for spec in manifest.strategies
     }
     return SimBundle(
-        manifest=manifest, runtimes=runtimes, median_costs=median, p95_costs=p95, names=names,
-        table=np.asarray(work.table, dtype=np.float64), polydom=polydom, workload=work,
-        sigma=sigma, epsilon=epsilon,
+        manifest=manifest,
+        runtimes=runtimes,
+        median_costs=median,
+        p95_costs=p95,
+        names=names,
+        table=np.asarray(work.table, dtype=np.float64),
+        polydom=polydom,
+        workload=work,
+        sigma=sigma,
+        epsilon=epsilon,
     )
 
 
@@ -199,8 +215,7 @@ class SimulatedCost:
     its median × LogNormal(0, σ) drawn from ``rng`` (exactly the median when σ = 0);
     wall time is not charged."""
 
-    def __init__(self, median: Mapping[str, float], rng: np.random.Generator,
-                 sigma: float) -> None:
+    def __init__(self, median: Mapping[str, float], rng: np.random.Generator, sigma: float) -> None:
         self.median = median
         self.rng = rng
         self.sigma = sigma
@@ -251,8 +266,9 @@ def simulate(
     else:
         median = median_at(median_costs, runtime.costs.names, n)
     meter = SimulatedCost(median, rng, sigma)
-    run = run_session(runtime, n, budget, {}, SimulatedSource(median.keys()), meter,
-                      reserve=reserve)
+    run = run_session(
+        runtime, n, budget, {}, SimulatedSource(median.keys()), meter, reserve=reserve
+    )
     spent = meter.spent()
     return SimResult(
         answer=run.answer.model,
@@ -305,16 +321,23 @@ def sweep(
             for budget in budget_list:
                 key = int(np.float64(budget).view(np.uint64))
                 rng = np.random.default_rng([seed, zlib.crc32(name.encode()), n, key])
-                runs = [simulate(runtime, median, n, budget, rng, bundle.sigma, reserve)
-                        for _ in range(count)]
+                runs = [
+                    simulate(runtime, median, n, budget, rng, bundle.sigma, reserve)
+                    for _ in range(count)
+                ]
                 acc = np.array([r.accuracy for r in runs])
                 spent = np.array([r.spent for r in runs])
-                out.append(Cell(
-                    strategy=name, n=n, budget=budget, requests=count,
-                    accuracy=float(acc.mean()),
-                    overrun_rate=float(np.mean(spent > budget)),
-                    mean_spent=float(spent.mean()),
-                    max_overrun=float(np.max(spent - budget)),
-                    accuracy_se=float(acc.std(ddof=1) / np.sqrt(count)) if count > 1 else 0.0,
-                ))
+                out.append(
+                    Cell(
+                        strategy=name,
+                        n=n,
+                        budget=budget,
+                        requests=count,
+                        accuracy=float(acc.mean()),
+                        overrun_rate=float(np.mean(spent > budget)),
+                        mean_spent=float(spent.mean()),
+                        max_overrun=float(np.max(spent - budget)),
+                        accuracy_se=float(acc.std(ddof=1) / np.sqrt(count)) if count > 1 else 0.0,
+                    )
+                )
     return out

@@ -117,4 +117,3 @@ def create_extractor(
         raise ExtractorBroken(
             name, f"cannot be created with params {dict(params or {})}: {exc}"
         ) from exc
-

@@ -36,25 +36,47 @@ class Route:
 
 # Every route of the API, in the order the OpenAPI schema lists them.
 ROUTES = (
-    Route("POST", PREDICT_PATH, predict.predict, {
-        "response_model": PredictResponse,
-        "responses": documented(404, 408, 413, 415, 422, 503)}),
+    Route(
+        "POST",
+        PREDICT_PATH,
+        predict.predict,
+        {"response_model": PredictResponse, "responses": documented(404, 408, 413, 415, 422, 503)},
+    ),
     Route("GET", "/models", models.list_models, {"responses": documented(503)}),
     Route("GET", "/models/{name}", models.get_model, {"responses": documented(404, 422, 503)}),
-    Route("GET", "/models/{name}/costs", models.get_costs,
-          {"responses": documented(404, 422, 503)}),
-    Route("GET", "/models/{name}/skyline", models.get_skyline,
-          {"responses": documented(404, 422, 503)}),
+    Route(
+        "GET", "/models/{name}/costs", models.get_costs, {"responses": documented(404, 422, 503)}
+    ),
+    Route(
+        "GET",
+        "/models/{name}/skyline",
+        models.get_skyline,
+        {"responses": documented(404, 422, 503)},
+    ),
     Route("GET", "/healthz", health.healthz),
-    Route("GET", "/readyz", health.readyz, {
-        "response_model": Readiness,
-        "responses": {503: {"model": Readiness, "description": "no bundle loaded (yet)"}}}),
-    Route("GET", "/metrics", health.prometheus, {
-        "response_class": PlainTextResponse,
-        "responses": {200: {
-            "description": "Prometheus text exposition format",
-            "content": {"text/plain": {"schema": {"type": "string"}}},
-        }}}),
+    Route(
+        "GET",
+        "/readyz",
+        health.readyz,
+        {
+            "response_model": Readiness,
+            "responses": {503: {"model": Readiness, "description": "no bundle loaded (yet)"}},
+        },
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        health.prometheus,
+        {
+            "response_class": PlainTextResponse,
+            "responses": {
+                200: {
+                    "description": "Prometheus text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        },
+    ),
 )
 
 
@@ -85,15 +107,15 @@ def create_app(
     for route in ROUTES:
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.options)
     app.add_middleware(
-        BodyLimit, limit=settings.max_body_bytes, metrics=state.metrics,
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
     )
     return app
 
 
-async def _start(
-    state: AppState, registry: Registry | None, cache: FeatureCache | None
-) -> None:
+async def _start(state: AppState, registry: Registry | None, cache: FeatureCache | None) -> None:
     """Load the bundles and connect the cache (or take the ones given), then serve."""
     settings, metrics = state.settings, state.metrics
     reg = (
@@ -109,21 +131,28 @@ async def _start(
             ),
         )
     )
-    feature_cache = cache if cache is not None else make_cache(
-        settings.redis_url,
-        max_bytes=settings.cache_max_bytes,
-        ttl_s=settings.cache_ttl_s,
-        timeout_ms=settings.redis_timeout_ms,
-        retry_s=settings.redis_retry_s,
-        failures=settings.redis_failures,
-        on_trip=metrics.circuit_trips.inc,
-        on_failure=metrics.cache_failure,
+    feature_cache = (
+        cache
+        if cache is not None
+        else make_cache(
+            settings.redis_url,
+            max_bytes=settings.cache_max_bytes,
+            ttl_s=settings.cache_ttl_s,
+            timeout_ms=settings.redis_timeout_ms,
+            retry_s=settings.redis_retry_s,
+            failures=settings.redis_failures,
+            on_trip=metrics.circuit_trips.inc,
+            on_failure=metrics.cache_failure,
+        )
     )
     metrics.models_loaded.set(len(reg.bundles))
     state.registry = reg
     state.cache = feature_cache
     state.handler = PredictHandler(
-        reg, feature_cache, metrics, settings.overhead_reserve_ms,
+        reg,
+        feature_cache,
+        metrics,
+        settings.overhead_reserve_ms,
         threads=settings.extraction_threads,
         limits=Limits(
             max_budget_ms=settings.max_budget_ms,

@@ -100,13 +100,17 @@ def _unreadable_body(cause: BaseException | None) -> str:
     """Why a JSON body could not be read, for the cases Python's parser reports by raising
     something other than a JSON syntax error."""
     if isinstance(cause, RecursionError):
-        return ("request body nests JSON arrays or objects too deeply for the parser "
-                "(a request needs at most a few levels)")
+        return (
+            "request body nests JSON arrays or objects too deeply for the parser "
+            "(a request needs at most a few levels)"
+        )
     if isinstance(cause, UnicodeDecodeError):
         return f"request body is not valid UTF-8 JSON: {cause.reason} at byte {cause.start}"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
-        return (f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
-                "digits; send numbers that fit a double")
+        return (
+            f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
+            "digits; send numbers that fit a double"
+        )
     return "request body is not valid UTF-8 JSON that this API can read"
 
 
@@ -139,8 +143,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         problems.append({"field": loc or "body", "message": err.get("msg", "invalid")})
     summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-    return error_response(422, "invalid_request", f"invalid request: {summary}",
-                          problems=problems)
+    return error_response(422, "invalid_request", f"invalid request: {summary}", problems=problems)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -24,8 +24,10 @@ async def readyz(state: Annotated[AppState, Depends(app_state)]) -> JSONResponse
         "ready": state.ready,
         "models": sorted(reg.bundles) if reg is not None else [],
         "failed": sorted({f.name for f in reg.failures}) if reg is not None else [],
-        "cache": {"backend": feature_cache.backend if feature_cache is not None else None,
-                  "reachable": cache_ok},
+        "cache": {
+            "backend": feature_cache.backend if feature_cache is not None else None,
+            "reachable": cache_ok,
+        },
     }
     # A down cache does not make the service unready: requests succeed uncached.
     return JSONResponse(body, status_code=200 if state.ready else 503)

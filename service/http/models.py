@@ -31,8 +31,7 @@ async def get_model(name: str, state: State) -> dict[str, Any]:
     m = bundle.manifest
     detail = _summary(m)
     detail["extractors"] = [
-        {"name": e.name, "version": e.version, "dims": e.dims,
-         "cost": e.cost.model_dump()}
+        {"name": e.name, "version": e.version, "dims": e.dims, "cost": e.cost.model_dump()}
         for e in m.extractors
     ]
     detail["models"] = [
@@ -74,8 +73,12 @@ async def get_skyline(
         "unit": bundle.manifest.cost_unit,
         "calibrated": bundle.costs.calibrated,
         "skyline": [
-            {"cost": cost, "accuracy": acc, "model": model,
-             "features": runtime.skyline_features(model)}
+            {
+                "cost": cost,
+                "accuracy": acc,
+                "model": model,
+                "features": runtime.skyline_features(model),
+            }
             for cost, acc, model in runtime.skyline(size)
         ],
     }

@@ -34,9 +34,11 @@ def _whole_number(value: Any) -> Any:
 class PredictRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [
-            {"model": "digits", "item": {"png_base64": EXAMPLE_PNG}, "budget": 5.0},
-        ]},
+        json_schema_extra={
+            "examples": [
+                {"model": "digits", "item": {"png_base64": EXAMPLE_PNG}, "budget": 5.0},
+            ]
+        },
     )
 
     model: str = Field(min_length=1, max_length=128, description="bundle name")
@@ -45,9 +47,12 @@ class PredictRequest(BaseModel):
         "an image bundle takes {'png_base64', 'id'?}, a tabular one {'values', 'id'?} with "
         "exactly its columns. The cache key is a digest of the content; an 'id' is folded "
         "into it, so it can only separate cache entries, never merge two different items",
-        json_schema_extra={"anyOf": [
-            ImageItem.model_json_schema(), TabularItem.model_json_schema(),
-        ]},
+        json_schema_extra={
+            "anyOf": [
+                ImageItem.model_json_schema(),
+                TabularItem.model_json_schema(),
+            ]
+        },
     )
     size: Annotated[int | None, BeforeValidator(_whole_number)] = Field(
         default=None,

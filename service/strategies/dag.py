@@ -87,9 +87,7 @@ class _Policy:
 
 
 class DagSession(Session):
-    def __init__(
-        self, runtime: DagRuntime, policy: _Policy, per_feature: dict[str, float]
-    ) -> None:
+    def __init__(self, runtime: DagRuntime, policy: _Policy, per_feature: dict[str, float]) -> None:
         self.runtime = runtime
         self.policy = policy
         self.per_feature = per_feature
@@ -153,8 +151,10 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
         self.dims = dims
         self.input_width = width
         # Cheapest operating point first; ``choose`` takes the most accurate that fits.
-        self.policies = sorted((_Policy(p, self) for p in spec.policies),
-                               key=lambda p: (p.spec.mean_cost, p.spec.error))
+        self.policies = sorted(
+            (_Policy(p, self) for p in spec.policies),
+            key=lambda p: (p.spec.mean_cost, p.spec.error),
+        )
 
     def input_vector(self, features: Any) -> FloatVector:
         x = np.zeros(self.input_width, dtype=np.float32)

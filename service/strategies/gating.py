@@ -156,8 +156,9 @@ class GatingSession(Session):
         return Answer(model)
 
     def _best_in_hand(self, in_hand: Mapping[str, FloatVector]) -> Answer:
-        return self._answer("fallback", self.runtime.best_computable(set(in_hand)),
-                            as_planned=False)
+        return self._answer(
+            "fallback", self.runtime.best_computable(set(in_hand)), as_planned=False
+        )
 
     def step(self, obs: Observation) -> Step:
         point, in_hand = self.point, obs.features
@@ -201,7 +202,8 @@ class GatingSession(Session):
             "score": self.gate_score,
             "sent_to_high": self.sent_to_high,
             "answered_by": (
-                "high" if self.outcome == "low" and self.point.low == self.point.high
+                "high"
+                if self.outcome == "low" and self.point.low == self.point.high
                 else self.outcome
             ),
         }
@@ -239,8 +241,9 @@ class GatingRuntime(StrategyRuntime[GatingStrategy]):
             elif affordable(first, budget, budget):
                 options.append((p, first, self.accuracy[p.low]))
         if not options:
-            cheapest = min(self.points, key=lambda p: (p.expected_cost(per_feature, in_hand),
-                                                       -p.spec.accuracy))
+            cheapest = min(
+                self.points, key=lambda p: (p.expected_cost(per_feature, in_hand), -p.spec.accuracy)
+            )
             return cheapest, cheapest.expected_cost(per_feature, in_hand), 0.0
         best = max(acc for _, _, acc in options)
         near = [o for o in options if o[2] >= best - tolerance - 1e-12]

@@ -95,9 +95,7 @@ class GreedyRuntime(StrategyRuntime[GreedyStrategy]):
             k += 1
         return k, spent
 
-    def choose(
-        self, budget: float, per_feature: dict[str, float], in_hand: frozenset[str]
-    ) -> int:
+    def choose(self, budget: float, per_feature: dict[str, float], in_hand: frozenset[str]) -> int:
         if self.selection == "reference":
             # Paper: the skyline entry with the largest cost <= budget at the reference size.
             at_ref = self.costs.at(self.reference_size)

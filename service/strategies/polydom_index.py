@@ -46,8 +46,15 @@ class CompiledIndex:
     """
 
     __slots__ = (
-        "_breakpoints", "_costs", "_curves", "_fit_left", "_fit_right", "_inline", "_rows",
-        "_skylines", "_upper",
+        "_breakpoints",
+        "_costs",
+        "_curves",
+        "_fit_left",
+        "_fit_right",
+        "_inline",
+        "_rows",
+        "_skylines",
+        "_upper",
     )
 
     def __init__(
@@ -162,9 +169,7 @@ class CompiledIndex:
         return self._skylines[i][lo - 1] if lo else None
 
 
-def naive_lookup(
-    accuracies: FloatArray, costs: FloatArray, n: float, budget: float
-) -> int | None:
+def naive_lookup(accuracies: FloatArray, costs: FloatArray, n: float, budget: float) -> int | None:
     """Naive-Lookup (paper 002): scan every candidate; the best affordable one or None."""
     c = poly_eval(costs, n)
     affordable = np.flatnonzero(np.asarray(c) <= budget)

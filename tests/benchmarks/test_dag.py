@@ -90,8 +90,15 @@ def test_alg2_groups_and_report(tmp_path: Path) -> None:
     X, y = make_many_sensor_data(450, n_sensors=8, n_classes=2, seed=3)
     sensors = {f"f{i}": [i] for i in range(8)}
     variants = [b.Variant(prefix="", n_subsets=2, methods=(b.FIXED, b.ALL))]
-    ds = b.Dataset(key="many", title="many", sensors=sensors, splits=[_split(X, y)],
-                   targets=(1.0, 2.0, 4.0), variants=variants, cost_scales=(0.0, 0.05))
+    ds = b.Dataset(
+        key="many",
+        title="many",
+        sensors=sensors,
+        splits=[_split(X, y)],
+        targets=(1.0, 2.0, 4.0),
+        variants=variants,
+        cost_scales=(0.0, 0.05),
+    )
     res = b.run_dataset(ds)
     assert res.methods == [b.DAG, b.FIXED, b.ALL]
     for r in res.splits[0].values():

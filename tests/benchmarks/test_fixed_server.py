@@ -39,8 +39,11 @@ def test_held_out_split_excludes_every_training_digit() -> None:
 
 def _body(index: int, side: int) -> dict[str, object]:
     image = render_digit(load_digits().images[index], side, np.random.default_rng(index))
-    return {"model": "digits", "budget": 5.0,
-            "item": {"id": f"t{index}", "png_base64": base64.b64encode(to_png(image)).decode()}}
+    return {
+        "model": "digits",
+        "budget": 5.0,
+        "item": {"id": f"t{index}", "png_base64": base64.b64encode(to_png(image)).decode()},
+    }
 
 
 @pytest.mark.parametrize("model_id", ["thumbnail", "lbp+thumbnail", FULL])
@@ -72,12 +75,16 @@ def test_fixed_model_ids_are_candidates_hog_and_full_set() -> None:
 
 
 def test_compare_runs_real_servers_on_a_handful_of_items() -> None:
-    cells, ids = fs.compare(sides=(32,), budgets=(1.0, 20.0), count=4,
-                            fixed_ids=["thumbnail", FULL])
+    cells, ids = fs.compare(
+        sides=(32,), budgets=(1.0, 20.0), count=4, fixed_ids=["thumbnail", FULL]
+    )
     assert ids == ["thumbnail", FULL]
     assert [(c.server, c.budget) for c in cells] == [
-        ("budgetserve", 1.0), ("budgetserve", 20.0), ("fixed thumbnail", None),
-        (f"fixed {FULL}", None)]
+        ("budgetserve", 1.0),
+        ("budgetserve", 20.0),
+        ("fixed thumbnail", None),
+        (f"fixed {FULL}", None),
+    ]
     for cell in cells:
         assert cell.n == 4 and cell.errors == 0 and cell.side == 32
         assert len(cell.latency_ms) == 4 and all(t > 0 for t in cell.latency_ms)

@@ -155,5 +155,12 @@ def load_image() -> Image:
         f"USER must be numeric (uid[:gid]) so that runAsNonRoot can verify it, got: {user}"
     )
     uid, _, gid = user.partition(":")
-    return Image(stages, runtime, env, argv, exec_form(match.group(2), "HEALTHCHECK CMD"),
-                 int(uid), int(gid or uid))
+    return Image(
+        stages,
+        runtime,
+        env,
+        argv,
+        exec_form(match.group(2), "HEALTHCHECK CMD"),
+        int(uid),
+        int(gid or uid),
+    )

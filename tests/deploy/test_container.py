@@ -64,8 +64,11 @@ def test_runtime_stage_shape(image: Image, monkeypatch: pytest.MonkeyPatch) -> N
     assert str(settings.models_dir) == "/models"
     assert image.exposed() == {settings.port}, "EXPOSE differs from BUDGETSERVE_PORT"
     # The models are baked where BUDGETSERVE_MODELS_DIR says, owned by the image's user.
-    copies = [a for a in image.runtime.all("COPY")
-              if (a.split()[-1].rstrip("/") + "/").startswith("/models/")]
+    copies = [
+        a
+        for a in image.runtime.all("COPY")
+        if (a.split()[-1].rstrip("/") + "/").startswith("/models/")
+    ]
     assert copies, "no COPY into BUDGETSERVE_MODELS_DIR"
     assert f"--chown={image.uid}:{image.gid}" in copies[0].split(), (
         "bundles built by budgetserve-train are mode 0700: the image's user must own /models"
@@ -85,7 +88,7 @@ def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
             out += {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
         return re.compile(out)
 
-    parents = [path[: i] for i, c in enumerate(path) if c == "/"] + [path]
+    parents = [path[:i] for i, c in enumerate(path) if c == "/"] + [path]
     excluded = False
     for raw in patterns:
         negated = raw.startswith("!")
@@ -96,7 +99,8 @@ def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
 
 def test_build_context_holds_what_the_image_copies(image: Image) -> None:
     patterns = [
-        line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     for stage in image.stages:
@@ -111,8 +115,13 @@ def test_build_context_holds_what_the_image_copies(image: Image) -> None:
                     inside = next(p for p in (ROOT / source).rglob("*") if p.is_file())
                     rel = inside.relative_to(ROOT).as_posix()
                     assert not dockerignore_excludes(rel, patterns), f"ignored: {rel}"
-    for heavy in (".venv/bin/python", ".git/HEAD", "tests/conftest.py",
-                  "service/__pycache__/api.cpython-311.pyc", "models/.digits-tmp/x.onnx"):
+    for heavy in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/conftest.py",
+        "service/__pycache__/api.cpython-311.pyc",
+        "models/.digits-tmp/x.onnx",
+    ):
         assert dockerignore_excludes(heavy, patterns), f"sent to the build context: {heavy}"
 
 
@@ -127,14 +136,25 @@ def test_wheel_carries_the_service(image: Image, tmp_path: Path) -> None:
         for source in sources:
             target = src / dest / Path(source).name if dest.endswith("/") else src / dest
             if (ROOT / source).is_dir():
-                shutil.copytree(ROOT / source, target,
-                                ignore=shutil.ignore_patterns("__pycache__", ".*"))
+                shutil.copytree(
+                    ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__", ".*")
+                )
             else:
                 shutil.copy(ROOT / source, target)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir",
-         str(tmp_path), str(src)],
-        check=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+        cwd=tmp_path,
     )
     (wheel,) = tmp_path.glob("budgetserve-*.whl")
     with zipfile.ZipFile(wheel) as zf:
@@ -189,7 +209,7 @@ def blocked_modules() -> list[str]:
     return sorted(blocked)
 
 
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import importlib.abc
 import sys
 
@@ -204,7 +224,7 @@ class NotInImage(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, NotInImage())
-'''
+"""
 
 
 def proc_children(pid: int) -> list[int]:
@@ -246,8 +266,9 @@ def tcp_inodes(local_port: int, remote_port: int | None = None) -> set[int]:
         local, remote, state, inode = cols[1], cols[2], cols[3], int(cols[9])
         if int(local.split(":")[1], 16) != local_port or inode == 0:
             continue
-        wanted = (state == "0A" if remote_port is None
-                  else int(remote.split(":")[1], 16) == remote_port)
+        wanted = (
+            state == "0A" if remote_port is None else int(remote.split(":")[1], 16) == remote_port
+        )
         if wanted:
             out.add(inode)
     return out
@@ -325,8 +346,11 @@ def start(image: Image, tmp_path: Path) -> Iterator[Callable[[dict[str, str]], S
             proc = subprocess.Popen(
                 as_pid1(image.argv),
                 # ROOT: this checkout's service, whichever checkout the venv was installed from
-                env={**env, "PYTHONPATH": f"{site}:{ROOT}"}, cwd="/", stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT,
+                env={**env, "PYTHONPATH": f"{site}:{ROOT}"},
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         served = Served(proc, 0, port, env, log_path)
         started.append(served)
@@ -377,8 +401,14 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 
 def healthcheck(image: Image, served: Served) -> int:
-    return subprocess.run(image.healthcheck, env=served.env, cwd="/", timeout=120,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    return subprocess.run(
+        image.healthcheck,
+        env=served.env,
+        cwd="/",
+        timeout=120,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ).returncode
 
 
 @pytest.mark.parametrize("workers", [None, "2"], ids=["image-default-workers", "workers-2"])
@@ -427,8 +457,7 @@ def test_entrypoint_serves_and_drains_on_sigterm(
         listener = tcp_inodes(port)
         os.kill(served.pid1, signal.SIGTERM)  # what `docker stop` / the kubelet sends
         # The worker holding the request has begun its shutdown: it closed its listener.
-        served.wait_for("the worker stopped listening",
-                        lambda: not socket_inodes(owner) & listener)
+        served.wait_for("the worker stopped listening", lambda: not socket_inodes(owner) & listener)
         conn.sendall(request)
         status, _, body = read_response(conn)
         closed = conn.recv(1) == b""  # the server closes the connection after the response
@@ -437,8 +466,9 @@ def test_entrypoint_serves_and_drains_on_sigterm(
     assert status == 200, body
     assert json.loads(body)["prediction"] == "7"
     assert closed
-    served.wait_for("the server exited", lambda: served.proc.poll() is not None,
-                    while_running=False)
+    served.wait_for(
+        "the server exited", lambda: served.proc.poll() is not None, while_running=False
+    )
     assert served.proc.returncode == 0, served.log()
     # uvicorn's own account agrees: shutdown began before the request was answered.
     log = served.log()
@@ -456,10 +486,13 @@ def test_two_workers_answer_fast_and_refuse_new_connections_once_draining(
     while a request in flight completes."""
     served = start({"BUDGETSERVE_WORKERS": "2"})
     port = served.port
-    small = json.dumps({"model": "digits", "item": {"png_base64": png_b64(digit_image(5, 32))},
-                        "budget": 1}).encode()
-    request = (b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(small), small))
+    small = json.dumps(
+        {"model": "digits", "item": {"png_base64": png_b64(digit_image(5, 32))}, "budget": 1}
+    ).encode()
+    request = (
+        b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(small), small)
+    )
     times = []
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
         for _ in range(21):
@@ -497,8 +530,9 @@ def test_two_workers_answer_fast_and_refuse_new_connections_once_draining(
         conn.close()
     assert status == 200, body
     assert json.loads(body)["prediction"] == "4"
-    served.wait_for("the server exited", lambda: served.proc.poll() is not None,
-                    while_running=False)
+    served.wait_for(
+        "the server exited", lambda: served.proc.poll() is not None, while_running=False
+    )
     assert served.proc.returncode == 0, served.log()
 
 
@@ -536,4 +570,3 @@ def test_container_doc_lists_every_setting(image: Image) -> None:
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"docs/deploy-container.md does not document {missing}"
     assert image.stages[0].base in doc, "the doc names another base image"
-

@@ -78,15 +78,22 @@ def render(directory: Path) -> list[Resource]:
         for name in gen.get("envs", []):
             data.update(env_file(directory / name))
         data.update(lit.split("=", 1) for lit in gen.get("literals", []))
-        existing = [r for r in out if r["kind"] == "ConfigMap"
-                    and r["metadata"]["name"] == gen["name"]]
+        existing = [
+            r for r in out if r["kind"] == "ConfigMap" and r["metadata"]["name"] == gen["name"]
+        ]
         if gen.get("behavior", "create") == "merge":
             assert existing, f"{directory}: merge into a ConfigMap {gen['name']} that no base has"
             existing[0]["data"].update(data)
         else:
             assert not existing, f"{directory}: {gen['name']} generated twice"
-            out.append({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": gen["name"]}, "data": data})
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": gen["name"]},
+                    "data": data,
+                }
+            )
     for image in kust.get("images", []):
         for resource in out:
             for container in containers(resource):
@@ -144,9 +151,14 @@ def settings_configmaps(resources: list[Resource], container: Resource) -> list[
 def app_deployment(resources: list[Resource]) -> tuple[Resource, Resource]:
     """The budgetserve Deployment and its container: the one given BUDGETSERVE_ settings."""
     found = [
-        (d, c) for d in kind(resources, "Deployment") for c in containers(d)
-        if any(k.startswith("BUDGETSERVE_") for cm in settings_configmaps(resources, c)
-               for k in cm["data"])
+        (d, c)
+        for d in kind(resources, "Deployment")
+        for c in containers(d)
+        if any(
+            k.startswith("BUDGETSERVE_")
+            for cm in settings_configmaps(resources, c)
+            for k in cm["data"]
+        )
     ]
     assert len(found) == 1, f"expected one container configured by BUDGETSERVE_ settings: {found}"
     return found[0]
@@ -183,9 +195,12 @@ def routes() -> set[str]:
 def uvicorn_graceful_timeouts() -> list[float]:
     tree = ast.parse((ROOT / "service" / "__main__.py").read_text())
     return [
-        float(kw.value.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
+        float(kw.value.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
         for kw in node.keywords
-        if kw.arg == "timeout_graceful_shutdown" and isinstance(kw.value, ast.Constant)
+        if kw.arg == "timeout_graceful_shutdown"
+        and isinstance(kw.value, ast.Constant)
         and isinstance(kw.value.value, int | float)
     ]
 
@@ -209,7 +224,11 @@ def test_every_manifest_is_part_of_the_kustomization() -> None:
     files = {p.resolve() for p in K8S.rglob("*") if p.is_file() and p.suffix != ".md"}
     assert files - reached == set(), "not referenced by any kustomization"
     assert {r["kind"] for r in render(K8S)} >= {
-        "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "ConfigMap",
     }
 
 
@@ -240,13 +259,17 @@ def test_selectors_and_ports_agree(rendered: list[Resource]) -> None:
         assert len(targets) == 1, f"Service {name} selects {len(targets)} Deployments"
         for port in service["spec"]["ports"]:
             assert any(
-                resolve_port(c, port.get("targetPort", port["port"])) in
-                {p["containerPort"] for p in c.get("ports", [])}
-                for c in containers(targets[0]) if c.get("ports")
+                resolve_port(c, port.get("targetPort", port["port"]))
+                in {p["containerPort"] for p in c.get("ports", [])}
+                for c in containers(targets[0])
+                if c.get("ports")
             ), f"Service {name} port {port} reaches no container port"
     deployment, _ = app_deployment(rendered)
-    fronts = [s for s in kind(rendered, "Service")
-              if selected(rendered, s["spec"]["selector"]) == [deployment]]
+    fronts = [
+        s
+        for s in kind(rendered, "Service")
+        if selected(rendered, s["spec"]["selector"]) == [deployment]
+    ]
     assert fronts, "no Service in front of the budgetserve Deployment"
 
 
@@ -259,8 +282,11 @@ def test_network_policies_admit_the_api_to_redis_only(rendered: list[Resource]) 
         return
     (cache,) = redis
     api, _ = app_deployment(rendered)
-    policies = [n for n in kind(rendered, "NetworkPolicy")
-                if selects(n["spec"]["podSelector"]["matchLabels"], pod_labels(cache))]
+    policies = [
+        n
+        for n in kind(rendered, "NetworkPolicy")
+        if selects(n["spec"]["podSelector"]["matchLabels"], pod_labels(cache))
+    ]
     assert len(policies) == 1, "Redis pods need exactly one NetworkPolicy"
     (policy,) = policies
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -372,8 +398,9 @@ def test_settings_configmap_is_real_settings(
             links = {f"{prefix}_PORT", f"{prefix}_SERVICE_HOST", f"{prefix}_SERVICE_PORT"}
             assert not links & known, f"Service links would set {sorted(links & known)}"
     # A REDIS_URL naming an in-cluster host must name a Service here, on its port.
-    match = re.fullmatch(r"rediss?://(?:[^@/]*@)?([^:/]+)(?::(\d+))?(?:/.*)?",
-                         settings.redis_url or "")
+    match = re.fullmatch(
+        r"rediss?://(?:[^@/]*@)?([^:/]+)(?::(\d+))?(?:/.*)?", settings.redis_url or ""
+    )
     if match and "." not in match.group(1):
         redis = one(rendered, "Service", match.group(1))
         assert int(match.group(2) or 6379) in {p["port"] for p in redis["spec"]["ports"]}
@@ -417,8 +444,9 @@ def test_kubectl_kustomize_renders_the_same(root: Path) -> None:
         # 1.20 embeds a kustomize too old to compare); the Python rendering, validated against
         # the schemas by the other tests, is what CI checks.
         pytest.skip("kubectl is not installed: the schema-validated Python rendering is checked")
-    out = subprocess.run([kubectl, "kustomize", str(root)], check=True, capture_output=True,
-                         text=True, timeout=120).stdout
+    out = subprocess.run(
+        [kubectl, "kustomize", str(root)], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
     ours = render(root)
     generated = {r["metadata"]["name"] for r in ours if r["kind"] == "ConfigMap"}
     # kustomize suffixes generated ConfigMaps with a content hash (and rewrites references).

@@ -72,21 +72,33 @@ def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
             pytest.fail(missing)
         pytest.skip(missing)
     assert binary is not None
-    done = subprocess.run(compose_config_command(binary), capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        compose_config_command(binary), capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     # the validator does reject a broken file: a misspelt key, a dependency on nothing
     for broken in (
         COMPOSE_FILE.read_text().replace("    healthcheck:", "    healthchek:", 1),
-        COMPOSE_FILE.read_text().replace("      redis:\n        condition",
-                                         "      rediz:\n        condition", 1),
+        COMPOSE_FILE.read_text().replace(
+            "      redis:\n        condition", "      rediz:\n        condition", 1
+        ),
     ):
         shutil.copytree(DEPLOY, tmp_path / "deploy", dirs_exist_ok=True)
         (tmp_path / "deploy" / "compose.yaml").write_text(broken)
         done = subprocess.run(
-            [str(binary), "--project-directory", str(tmp_path / "deploy"), "-f",
-             str(tmp_path / "deploy" / "compose.yaml"), "config", "--quiet"],
-            capture_output=True, text=True, timeout=60, check=False,
+            [
+                str(binary),
+                "--project-directory",
+                str(tmp_path / "deploy"),
+                "-f",
+                str(tmp_path / "deploy" / "compose.yaml"),
+                "config",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert done.returncode != 0
         assert re.search(r"healthchek|rediz", done.stderr), done.stderr
@@ -99,11 +111,11 @@ def test_compose_services_health_dependencies_and_images() -> None:
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         if "build" in service:
-            assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]
-                    ).is_file()
+            assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
         else:
             assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+(-[\w.]+)?", service["image"]), (
-                f"{name}: image {service['image']!r} is not pinned to a full version")
+                f"{name}: image {service['image']!r} is not pinned to a full version"
+            )
         for dep, cond in service.get("depends_on", {}).items():
             if name == "prometheus":
                 # Monitoring must come up (and alert) when the service is not ready.
@@ -142,8 +154,13 @@ def test_budgetserve_service_settings_are_real() -> None:
     env = {k: env_default(v) for k, v in service["environment"].items()}
     fields = {f"BUDGETSERVE_{name.upper()}" for name in Settings.model_fields}
     assert {k for k in env if k.startswith("BUDGETSERVE_")} <= fields
-    settings = Settings.model_validate({k.removeprefix("BUDGETSERVE_").lower(): v
-                                        for k, v in env.items() if k.startswith("BUDGETSERVE_")})
+    settings = Settings.model_validate(
+        {
+            k.removeprefix("BUDGETSERVE_").lower(): v
+            for k, v in env.items()
+            if k.startswith("BUDGETSERVE_")
+        }
+    )
     assert env["REDIS_URL"] == "redis://redis:6379/0"
     assert settings.host == "0.0.0.0" and settings.workers >= 1
     port = settings.port
@@ -217,27 +234,29 @@ def test_dashboard_has_the_panels_an_operator_needs() -> None:
 
 
 def test_request_budget_metric(digits_bundle_dir: Path) -> None:
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent),
-                     cache=InProcessCache(1 << 20))
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent), cache=InProcessCache(1 << 20))
     item = {"png_base64": png_b64(digit_image(4, 48))}
     with TestClient(app) as client:
         for budget in (7.5, 2.5):
-            reply = client.post("/predict", json={"model": "digits", "item": item,
-                                                  "budget": budget})
+            reply = client.post(
+                "/predict", json={"model": "digits", "item": item, "budget": budget}
+            )
             assert reply.status_code == 200, reply.text
         reply = client.post("/predict", json={"model": "nosuch", "item": item, "budget": 9.0})
         assert reply.status_code == 404
         text = client.get("/metrics").text
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text) for s in f.samples
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
     }
     model = (("model", "digits"),)
     assert samples[("budgetserve_request_budget_sum", model)] == 10.0
     assert samples[("budgetserve_request_budget_count", model)] == 2
     assert samples[("budgetserve_request_budget_bucket", (("le", "5.0"), *model))] == 1
-    assert not any(n.startswith("budgetserve_request_budget") and ("model", "nosuch") in k
-                   for n, k in samples)
+    assert not any(
+        n.startswith("budgetserve_request_budget") and ("model", "nosuch") in k for n, k in samples
+    )
 
 
 def test_operating_doc_lists_every_metric_and_alert() -> None:

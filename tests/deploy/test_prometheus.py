@@ -50,19 +50,41 @@ def _prometheus_installed() -> None:
             pytest.fail(missing)
         pytest.skip(missing + " (make test does)")
 
+
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
 START_TIMEOUT_S = 90.0
 WAIT_TIMEOUT_S = 60.0
 RATE_WINDOW = "10s"
 # Series that Prometheus itself attaches to every target.
-SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                 "scrape_samples_post_metric_relabeling", "scrape_series_added"}
+SCRAPE_SERIES = {
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "scrape_samples_post_metric_relabeling",
+    "scrape_series_added",
+}
 
 
 # --- PromQL: the metric names an expression refers to ---------------------------------------
 
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-             "and", "or", "unless", "atan2", "inf", "nan", "start", "end"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+    "unless",
+    "atan2",
+    "inf",
+    "nan",
+    "start",
+    "end",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -75,7 +97,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for match in re.finditer(r"(?<![\w.$:])[A-Za-z_:][\w:]*", text):
         name = match.group(0)
-        rest = text[match.end():].lstrip()
+        rest = text[match.end() :].lstrip()
         if name.lower() in _KEYWORDS or rest.startswith("("):
             continue
         names.add(name)
@@ -126,14 +148,16 @@ def unknown_names(exprs: list[str], exposed: set[str]) -> dict[str, set[str]]:
 
 def test_metric_names_of_promql() -> None:
     assert metric_names(
-        'histogram_quantile(0.99, sum by (model, le) (rate(budgetserve_request_duration_seconds'
+        "histogram_quantile(0.99, sum by (model, le) (rate(budgetserve_request_duration_seconds"
         '_bucket{job="budgetserve", model=~"$model"}[$__rate_interval])))'
     ) == {"budgetserve_request_duration_seconds_bucket"}
     assert metric_names(
         'sum(rate(a_total{x="y"}[5m])) by (le) / ignoring(x) group_left(z) b offset 5m > 1e-3'
     ) == {"a_total", "b"}
     assert metric_names('absent(up{job="budgetserve"}) or vector(0) and on() c:rule') == {
-        "up", "c:rule"}
+        "up",
+        "c:rule",
+    }
 
 
 def test_a_renamed_metric_is_caught() -> None:
@@ -167,7 +191,7 @@ def test_promtool(index: int, tmp_path: Path) -> None:
         ("BudgetserveBudgetExceededRate", ("> 0.05", "> 0.5")),
         ("BudgetserveHighP99Latency", (") > 0.1", ") > 0.5")),
         ("BudgetserveRedisErrors", ('result=~"error|write_error"', 'result="write_error"')),
-        ("BudgetserveDown", ("up{job=\"budgetserve\"} == 0", "up{job=\"budgetserve\"} < 0")),
+        ("BudgetserveDown", ('up{job="budgetserve"} == 0', 'up{job="budgetserve"} < 0')),
         ("BudgetserveRedisCircuitOpen", ('result="bypass"', 'result="bypassed"')),
     ],
 )
@@ -180,7 +204,10 @@ def test_alert_unit_tests_catch_a_weakened_alert(
     shutil.copy(PROMETHEUS_DIR / "alerts.test.yml", tmp_path / "alerts.test.yml")
     done = subprocess.run(
         ["promtool", "test", "rules", str(tmp_path / "alerts.test.yml")],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode != 0
     assert f"alertname: {alert}" in done.stdout + done.stderr
@@ -270,11 +297,18 @@ class Stack:
 
 
 def service_env(port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k != "REDIS_URL" and not k.startswith(("BUDGETSERVE_", "PROMETHEUS_"))}
-    env.update(BUDGETSERVE_HOST="127.0.0.1", BUDGETSERVE_PORT=str(port),
-               BUDGETSERVE_MODELS_DIR=str(ROOT / "models"), BUDGETSERVE_WORKERS="1",
-               BUDGETSERVE_EXTRACTION_THREADS="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "REDIS_URL" and not k.startswith(("BUDGETSERVE_", "PROMETHEUS_"))
+    }
+    env.update(
+        BUDGETSERVE_HOST="127.0.0.1",
+        BUDGETSERVE_PORT=str(port),
+        BUDGETSERVE_MODELS_DIR=str(ROOT / "models"),
+        BUDGETSERVE_WORKERS="1",
+        BUDGETSERVE_EXTRACTION_THREADS="1",
+    )
     return env
 
 
@@ -324,21 +358,29 @@ def k8s_pods(service_port: int) -> list[dict[str, Any]]:
     meta = "__meta_kubernetes_"
     annotation = f"{meta}pod_annotation_prometheus_io_"
 
-    def pod(name: str, port_name: str, port: int, annotated: bool, phase: str = "Running"
-            ) -> dict[str, Any]:
-        labels = {f"{meta}namespace": "serving", f"{meta}pod_name": name,
-                  f"{meta}pod_phase": phase, f"{meta}pod_container_port_name": port_name,
-                  f"{meta}pod_node_name": "node-1",
-                  f"{meta}pod_label_app_kubernetes_io_name": "budgetserve"}
+    def pod(
+        name: str, port_name: str, port: int, annotated: bool, phase: str = "Running"
+    ) -> dict[str, Any]:
+        labels = {
+            f"{meta}namespace": "serving",
+            f"{meta}pod_name": name,
+            f"{meta}pod_phase": phase,
+            f"{meta}pod_container_port_name": port_name,
+            f"{meta}pod_node_name": "node-1",
+            f"{meta}pod_label_app_kubernetes_io_name": "budgetserve",
+        }
         if annotated:
-            labels |= {f"{annotation}scrape": "true", f"{annotation}port": str(service_port),
-                       f"{annotation}path": "/metrics"}
+            labels |= {
+                f"{annotation}scrape": "true",
+                f"{annotation}port": str(service_port),
+                f"{annotation}path": "/metrics",
+            }
         return {"targets": [f"127.0.0.1:{port}"], "labels": labels}
 
     return [
         pod("budgetserve-0", "http", service_port, annotated=True),
-        pod("budgetserve-0", "debug", 1, annotated=True),      # not the http port
-        pod("other-0", "http", 2, annotated=False),            # did not opt in
+        pod("budgetserve-0", "debug", 1, annotated=True),  # not the http port
+        pod("other-0", "http", 2, annotated=False),  # did not opt in
         pod("budgetserve-1", "http", 3, annotated=True, phase="Pending"),
     ]
 
@@ -348,31 +390,53 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("prometheus")
     service_port, prom_port, dead_port = free_port(), free_port(), free_port()
     stack = Stack(
-        service=f"http://127.0.0.1:{service_port}", prometheus=f"http://127.0.0.1:{prom_port}",
-        service_target=f"127.0.0.1:{service_port}", dead_target=f"127.0.0.1:{dead_port}",
+        service=f"http://127.0.0.1:{service_port}",
+        prometheus=f"http://127.0.0.1:{prom_port}",
+        service_target=f"127.0.0.1:{service_port}",
+        dead_target=f"127.0.0.1:{dead_port}",
     )
     procs: list[Proc] = []
     try:
-        serve = start("budgetserve-serve", [str(Path(sys.executable).parent / "budgetserve-serve")],
-                      tmp / "service.log", env=service_env(service_port))
+        serve = start(
+            "budgetserve-serve",
+            [str(Path(sys.executable).parent / "budgetserve-serve")],
+            tmp / "service.log",
+            env=service_env(service_port),
+        )
         procs.append(serve)
-        wait_for("budgetserve /readyz", lambda: serve.alive() and answers(
-            f"{stack.service}/readyz"), START_TIMEOUT_S)
+        wait_for(
+            "budgetserve /readyz",
+            lambda: serve.alive() and answers(f"{stack.service}/readyz"),
+            START_TIMEOUT_S,
+        )
         send_requests(stack.service, stack)
 
         sd_file = tmp / "pods.json"
         sd_file.write_text(json.dumps(k8s_pods(service_port)))
         config = tmp / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(stack, sd_file), sort_keys=False))
-        prom = start("prometheus", [
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ], tmp / "prometheus.log")
+        prom = start(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            tmp / "prometheus.log",
+        )
         procs.append(prom)
-        wait_for("prometheus /-/ready", lambda: prom.alive() and answers(
-            f"{stack.prometheus}/-/ready"), START_TIMEOUT_S)
-        wait_for("a scrape of the service", lambda: bool(stack.query(
-            f'up{{job="budgetserve", instance="{stack.service_target}"}} == 1')))
+        wait_for(
+            "prometheus /-/ready",
+            lambda: prom.alive() and answers(f"{stack.prometheus}/-/ready"),
+            START_TIMEOUT_S,
+        )
+        wait_for(
+            "a scrape of the service",
+            lambda: bool(
+                stack.query(f'up{{job="budgetserve", instance="{stack.service_target}"}} == 1')
+            ),
+        )
         yield stack
     finally:
         for proc in reversed(procs):
@@ -386,9 +450,11 @@ def test_prometheus_reads_back_the_requests_made(stack: Stack) -> None:
     assert stack.value(f'budgetserve_requests_total{{{sel}, status="ok"}}') == len(answered)
     assert stack.value(f"budgetserve_request_duration_seconds_count{{{sel}}}") == len(answered)
     assert stack.value(f"budgetserve_request_budget_sum{{{sel}}}") == pytest.approx(
-        sum(r["cost"]["budget"] for r in answered))
+        sum(r["cost"]["budget"] for r in answered)
+    )
     assert stack.value(f"budgetserve_spent_cost_sum{{{sel}}}") == pytest.approx(
-        sum(r["cost"]["spent"] for r in answered), rel=1e-6)
+        sum(r["cost"]["spent"] for r in answered), rel=1e-6
+    )
     exceeded = sum(r["deadline_exceeded"] for r in answered)
     assert exceeded >= 1, "the 1e-4 ms budget should not have been met"
     assert stack.value(f"budgetserve_budget_exceeded_total{{{sel}}}") == exceeded
@@ -401,8 +467,10 @@ def test_prometheus_reads_back_the_requests_made(stack: Stack) -> None:
             f'budgetserve_extraction_seconds_count{{{job}, extractor="{name}"}}'
         ) == extracted.count(name)
     status = stack.errors[0]["error"]["type"]
-    assert stack.value(
-        f'budgetserve_requests_total{{{job}, model="_unknown", status="{status}"}}') == 1
+    assert (
+        stack.value(f'budgetserve_requests_total{{{job}, model="_unknown", status="{status}"}}')
+        == 1
+    )
     assert stack.value('budgetserve_models_loaded{job="budgetserve"}') >= 1
 
 
@@ -417,13 +485,22 @@ def test_kubernetes_relabelling_finds_the_annotated_pod(stack: Stack) -> None:
     labels = active[0]["labels"]
     assert labels["instance"] == stack.service_target
     assert (labels["namespace"], labels["pod"], labels["node"]) == (
-        "serving", "budgetserve-0", "node-1")
+        "serving",
+        "budgetserve-0",
+        "node-1",
+    )
     assert labels["app_kubernetes_io_name"] == "budgetserve"
     assert active[0]["scrapeUrl"] == f"http://{stack.service_target}/metrics"
-    dropped = [t["discoveredLabels"] for t in targets["droppedTargets"]
-               if t["discoveredLabels"].get("job") == "budgetserve-k8s"]
+    dropped = [
+        t["discoveredLabels"]
+        for t in targets["droppedTargets"]
+        if t["discoveredLabels"].get("job") == "budgetserve-k8s"
+    ]
     assert sorted(d["__address__"] for d in dropped) == [
-        "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        "127.0.0.1:1",
+        "127.0.0.1:2",
+        "127.0.0.1:3",
+    ]
     assert stack.value(
         'budgetserve_requests_total{job="budgetserve-k8s", model="digits", status="ok"}'
     ) == len(stack.responses)
@@ -442,8 +519,10 @@ def test_alert_rules_load_evaluate_and_a_dead_target_goes_pending(stack: Stack) 
         alerts: list[dict[str, Any]] = stack.api("alerts")["alerts"]
         return alerts
 
-    wait_for("BudgetserveDown for the dead target", lambda: any(
-        a["labels"]["alertname"] == "BudgetserveDown" for a in firing_or_pending()))
+    wait_for(
+        "BudgetserveDown for the dead target",
+        lambda: any(a["labels"]["alertname"] == "BudgetserveDown" for a in firing_or_pending()),
+    )
     down = [a for a in firing_or_pending() if a["labels"]["alertname"] == "BudgetserveDown"]
     assert [a["labels"]["instance"] for a in down] == [stack.dead_target]
     assert down[0]["state"] == "pending"  # `for: 1m` has not elapsed
@@ -454,7 +533,8 @@ def test_alert_rules_load_evaluate_and_a_dead_target_goes_pending(stack: Stack) 
 def test_every_expression_evaluates_in_prometheus(stack: Stack) -> None:
     def enough_samples() -> bool:
         counts = stack.query(
-            f'count_over_time(up{{instance="{stack.service_target}"}}[{RATE_WINDOW}])')
+            f'count_over_time(up{{instance="{stack.service_target}"}}[{RATE_WINDOW}])'
+        )
         return bool(counts) and min(float(c["value"][1]) for c in counts) >= 3
 
     wait_for(f"three scrapes within {RATE_WINDOW}", enough_samples)
@@ -470,7 +550,10 @@ def test_expressions_use_only_metrics_the_service_exposes(stack: Stack) -> None:
     exprs = dashboard_expressions() + list(alert_expressions().values())
     assert unknown_names(exprs, exposed) == {}
     used = set().union(*(metric_names(grafana_to_promql(e)) for e in exprs))
-    families = {f.name for f in text_string_to_metric_families(stack.exposition)
-                if f.name.startswith("budgetserve_") and not f.name.endswith("_created")}
+    families = {
+        f.name
+        for f in text_string_to_metric_families(stack.exposition)
+        if f.name.startswith("budgetserve_") and not f.name.endswith("_created")
+    }
     unused = {f for f in families if not any(n.startswith(f) for n in used)}
     assert unused == set(), "metrics shown on no panel and in no alert"

@@ -26,8 +26,9 @@ from tests.conftest import free_port
 def uvicorn_thread(app: FastAPI, **config: Any) -> Iterator[int]:
     """Serve ``app`` with uvicorn on a free loopback port; yields the port."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", **config))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -45,12 +46,14 @@ def uvicorn_thread(app: FastAPI, **config: Any) -> Iterator[int]:
         thread.join(timeout=60)
 
 
-def post_json(port: int, path: str, body: dict[str, Any],
-              timeout: float = 60) -> tuple[int, dict[str, str], dict[str, Any]]:
+def post_json(
+    port: int, path: str, body: dict[str, Any], timeout: float = 60
+) -> tuple[int, dict[str, str], dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", path, body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         response = conn.getresponse()
         payload = response.read()
         headers = {k.lower(): v for k, v in response.getheaders()}
@@ -82,9 +85,21 @@ class RedisProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port, socket_timeout=1)
         for _ in range(200):

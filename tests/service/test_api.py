@@ -29,8 +29,9 @@ def make_client(models_dir: Path, **settings: object) -> tuple[TestClient, InPro
 
 @pytest.fixture(scope="module")
 def digits(digits_bundle_dir: Path) -> Iterator[tuple[TestClient, InProcessCache]]:
-    client, cache = make_client(digits_bundle_dir.parent, max_body_bytes=512 * 1024,
-                                max_pixels=512 * 512)
+    client, cache = make_client(
+        digits_bundle_dir.parent, max_body_bytes=512 * 1024, max_pixels=512 * 512
+    )
     with client:
         yield client, cache
 
@@ -50,8 +51,13 @@ def test_health_ready_and_models(digits: tuple[TestClient, InProcessCache]) -> N
     detail = client.get("/models/digits").json()
     assert detail["default_strategy"] == "polydom-anytime"
     kinds = {s["name"]: s["kind"] for s in detail["strategies"]}
-    assert kinds == {"polydom-anytime": "polydom", "polydom": "polydom", "greedy": "greedy",
-                     "greedy-acc": "greedy", "greedy-cost": "greedy"}
+    assert kinds == {
+        "polydom-anytime": "polydom",
+        "polydom": "polydom",
+        "greedy": "greedy",
+        "greedy-acc": "greedy",
+        "greedy-cost": "greedy",
+    }
     assert len(detail["extractors"]) >= 6
     assert all(e["cost"]["unit"] == "ms" for e in detail["extractors"])
 
@@ -59,8 +65,9 @@ def test_health_ready_and_models(digits: tuple[TestClient, InProcessCache]) -> N
 def test_predict_reports_prediction_and_cost(digits: tuple[TestClient, InProcessCache]) -> None:
     client, _ = digits
     image = digit_image(3, 64)
-    status, body = predict(client, model="digits", item={"png_base64": png_b64(image)},
-                           budget=1000.0)
+    status, body = predict(
+        client, model="digits", item={"png_base64": png_b64(image)}, budget=1000.0
+    )
     assert status == 200, body
     assert body["prediction"] in body["probabilities"]
     assert abs(sum(body["probabilities"].values()) - 1.0) < 1e-4
@@ -104,11 +111,9 @@ def test_second_request_is_served_from_cache(digits: tuple[TestClient, InProcess
 def test_size_measured_and_checked(digits: tuple[TestClient, InProcessCache]) -> None:
     client, _ = digits
     b64 = png_b64(digit_image(1, 32))
-    status, _ = predict(client, model="digits", item={"png_base64": b64}, size=32 * 32,
-                        budget=10.0)
+    status, _ = predict(client, model="digits", item={"png_base64": b64}, size=32 * 32, budget=10.0)
     assert status == 200
-    status, body = predict(client, model="digits", item={"png_base64": b64}, size=999,
-                           budget=10.0)
+    status, body = predict(client, model="digits", item={"png_base64": b64}, size=999, budget=10.0)
     assert status == 422
     assert body["error"]["type"] == "size_mismatch"
     assert body["error"]["details"] == {"given": 999, "measured": 1024}
@@ -132,42 +137,110 @@ GOOD = png_b64(np.zeros((16, 16), dtype=np.float32))
 @pytest.mark.parametrize(
     ("body", "status", "kind", "mentions"),
     [
-        ({"model": "nope", "item": {"png_base64": GOOD}, "budget": 1}, 404, "model_not_found",
-         "nope"),
+        (
+            {"model": "nope", "item": {"png_base64": GOOD}, "budget": 1},
+            404,
+            "model_not_found",
+            "nope",
+        ),
         ({"model": "digits", "budget": 1}, 422, "invalid_request", "item"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": 0}, 422,
-         "invalid_request", "budget"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": -3}, 422,
-         "invalid_request", "budget"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": "fast"}, 422,
-         "invalid_request", "budget"),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": 0},
+            422,
+            "invalid_request",
+            "budget",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": -3},
+            422,
+            "invalid_request",
+            "budget",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": "fast"},
+            422,
+            "invalid_request",
+            "budget",
+        ),
         ({"model": "digits", "item": {"png_base64": GOOD}}, 422, "invalid_request", "budget"),
         ({"model": "digits", "item": "a string", "budget": 1}, 422, "invalid_item", "item"),
         ({"model": "digits", "item": [1, 2], "budget": 1}, 422, "invalid_item", "list"),
-        ({"model": "digits", "item": {"values": {"a": 1}}, "budget": 1}, 422, "invalid_item",
-         "png_base64"),
-        ({"model": "digits", "item": {"png_base64": "!!not base64!!"}, "budget": 1}, 422,
-         "invalid_item", "base64"),
-        ({"model": "digits", "item": {"png_base64": base64.b64encode(b"garbage").decode()},
-          "budget": 1}, 422, "invalid_item", "PNG"),
-        ({"model": "digits", "item": {"png_base64": _jpeg_b64()}, "budget": 1}, 422,
-         "invalid_item", "JPEG"),
-        ({"model": "digits", "item": {"png_base64": _big_png_b64(600)}, "budget": 1}, 413,
-         "item_too_large", "pixels"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "size": 0, "budget": 1}, 422,
-         "invalid_request", "size"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": 1, "extra": 1}, 422,
-         "invalid_request", "extra"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": True}, 422,
-         "invalid_request", "budget"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "budget": "5"}, 422,
-         "invalid_request", "budget"),
-        ({"model": "digits", "item": {"png_base64": GOOD}, "size": "256", "budget": 1}, 422,
-         "invalid_request", "size"),
-        ({"model": "digits", "item": {"png_base64": _big_png_b64(3)}, "budget": 50}, 422,
-         "invalid_item", "at least"),
-        ({"model": "digits", "item": {"png_base64": png_b64(np.zeros((2, 60)))}, "budget": 50},
-         422, "invalid_item", "at least"),
+        (
+            {"model": "digits", "item": {"values": {"a": 1}}, "budget": 1},
+            422,
+            "invalid_item",
+            "png_base64",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": "!!not base64!!"}, "budget": 1},
+            422,
+            "invalid_item",
+            "base64",
+        ),
+        (
+            {
+                "model": "digits",
+                "item": {"png_base64": base64.b64encode(b"garbage").decode()},
+                "budget": 1,
+            },
+            422,
+            "invalid_item",
+            "PNG",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": _jpeg_b64()}, "budget": 1},
+            422,
+            "invalid_item",
+            "JPEG",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": _big_png_b64(600)}, "budget": 1},
+            413,
+            "item_too_large",
+            "pixels",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "size": 0, "budget": 1},
+            422,
+            "invalid_request",
+            "size",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": 1, "extra": 1},
+            422,
+            "invalid_request",
+            "extra",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": True},
+            422,
+            "invalid_request",
+            "budget",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "budget": "5"},
+            422,
+            "invalid_request",
+            "budget",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": GOOD}, "size": "256", "budget": 1},
+            422,
+            "invalid_request",
+            "size",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": _big_png_b64(3)}, "budget": 50},
+            422,
+            "invalid_item",
+            "at least",
+        ),
+        (
+            {"model": "digits", "item": {"png_base64": png_b64(np.zeros((2, 60)))}, "budget": 50},
+            422,
+            "invalid_item",
+            "at least",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_4xx(
@@ -212,16 +285,16 @@ def test_malformed_json_message_names_the_problem(
     digits: tuple[TestClient, InProcessCache],
 ) -> None:
     client, _ = digits
-    r = client.post("/predict", content=b'{"model": "digits", ',
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/predict", content=b'{"model": "digits", ', headers={"content-type": "application/json"}
+    )
     message = r.json()["error"]["message"]
     assert "not valid JSON" in message and "character" in message
 
 
 def test_oversized_body(digits: tuple[TestClient, InProcessCache]) -> None:
     client, _ = digits
-    payload = json.dumps({"model": "digits", "item": {"png_base64": "A" * 600_000},
-                          "budget": 1})
+    payload = json.dumps({"model": "digits", "item": {"png_base64": "A" * 600_000}, "budget": 1})
     r = client.post("/predict", content=payload, headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["error"]["type"] == "payload_too_large"
@@ -281,8 +354,7 @@ def test_every_predict_outcome_is_counted(digits: tuple[TestClient, InProcessCac
 
 def test_metrics_exposed(digits: tuple[TestClient, InProcessCache]) -> None:
     client, _ = digits
-    predict(client, model="digits", item={"png_base64": png_b64(digit_image(2, 48))},
-            budget=50.0)
+    predict(client, model="digits", item={"png_base64": png_b64(digit_image(2, 48))}, budget=50.0)
     text = client.get("/metrics").text
     for name in (
         "budgetserve_request_duration_seconds_bucket",
@@ -305,8 +377,9 @@ def test_deadline_exceeded_falls_back_to_computed_features(tiny_bundle_dir: Path
     client, _ = make_client(tiny_bundle_dir.parent, overhead_reserve_ms=0.0)
     image = np.tile(digit_image(4, 64), (16, 16))  # 1024 x 1024
     with client:
-        status, body = predict(client, model="tiny", item={"png_base64": png_b64(image)},
-                               budget=3.0)
+        status, body = predict(
+            client, model="tiny", item={"png_base64": png_b64(image)}, budget=3.0
+        )
         assert status == 200, body
         assert body["deadline_exceeded"] is True
         assert body["cost"]["planned"] < 0.1
@@ -346,8 +419,9 @@ def test_broken_bundle_is_reported_not_served(tmp_path: Path, tiny_bundle_dir: P
         assert "thumbnail" in failed["broken"] and "99" in failed["broken"]
         assert "histogram" in failed["badparams"] and "bogus" in failed["badparams"]
         assert "nope" in failed["badindex"]
-        r = client.post("/predict", json={"model": "broken", "item": {"png_base64": GOOD},
-                                          "budget": 1})
+        r = client.post(
+            "/predict", json={"model": "broken", "item": {"png_base64": GOOD}, "budget": 1}
+        )
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "model_not_ready"
 
@@ -390,23 +464,29 @@ def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) 
     bundle = load_bundle(tiny_bundle_dir, max_pixels=1 << 20)
     bundle.extractors["histogram"] = FailsOnBrightImages()  # type: ignore[assignment]
     cache = InProcessCache(1 << 20)
-    app = create_app(Settings(models_dir=tiny_bundle_dir.parent, overhead_reserve_ms=0.0),
-                     registry=Registry(bundles={"tiny": bundle}), cache=cache)
+    app = create_app(
+        Settings(models_dir=tiny_bundle_dir.parent, overhead_reserve_ms=0.0),
+        registry=Registry(bundles={"tiny": bundle}),
+        cache=cache,
+    )
     bright = png_b64(np.full((32, 32), 0.9, dtype=np.float32))
     with TestClient(app) as client:
-        r = client.post("/predict", json={"model": "tiny", "item": {"png_base64": bright},
-                                          "budget": 1000})
+        r = client.post(
+            "/predict", json={"model": "tiny", "item": {"png_base64": bright}, "budget": 1000}
+        )
         assert r.status_code == 422, r.text
         assert r.json()["error"]["type"] == "extraction_failed"
         assert "histogram" in r.json()["error"]["message"]
         assert len(cache) == 0, "features computed before the failure must not be cached"
-        ok = client.post("/predict", json={"model": "tiny", "item": {"png_base64": GOOD},
-                                           "budget": 1000})
+        ok = client.post(
+            "/predict", json={"model": "tiny", "item": {"png_base64": GOOD}, "budget": 1000}
+        )
         assert ok.status_code == 200 and len(cache) == len(ok.json()["cost"]["extracted"]) > 0
 
 
-@pytest.mark.parametrize("strategy", ["polydom", "polydom-anytime", "greedy", "greedy-acc",
-                                      "greedy-cost"])
+@pytest.mark.parametrize(
+    "strategy", ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
+)
 def test_request_picks_a_strategy(digits: tuple[TestClient, InProcessCache], strategy: str) -> None:
     client, _ = digits
     item = {"png_base64": png_b64(digit_image(21, 64)), "id": f"strategy-{strategy}"}
@@ -418,8 +498,9 @@ def test_request_picks_a_strategy(digits: tuple[TestClient, InProcessCache], str
 
 def test_unknown_strategy_is_a_404(digits: tuple[TestClient, InProcessCache]) -> None:
     client, _ = digits
-    status, body = predict(client, model="digits", item={"png_base64": GOOD}, budget=5.0,
-                           strategy="nope")
+    status, body = predict(
+        client, model="digits", item={"png_base64": GOOD}, budget=5.0, strategy="nope"
+    )
     assert status == 404
     assert body["error"]["type"] == "strategy_not_found"
     assert "polydom-anytime" in body["error"]["details"]["available"]
@@ -468,12 +549,21 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
     for calibrate in (False, True):
         # Three samples make a bucket count: under load hog can stop being planned after
         # four (other extractors' factors rise too), leaving a five-sample bucket unfilled.
-        client, _ = make_client(tiny_bundle_dir.parent, overhead_reserve_ms=0.0,
-                                calibration=calibrate, calibration_min_samples=3)
+        client, _ = make_client(
+            tiny_bundle_dir.parent,
+            overhead_reserve_ms=0.0,
+            calibration=calibrate,
+            calibration_min_samples=3,
+        )
         with client:
             bodies = [
-                predict(client, model="tiny", budget=5.0, strategy="polydom",
-                        item={"png_base64": image, "id": f"cal-{calibrate}-{i}"})[1]
+                predict(
+                    client,
+                    model="tiny",
+                    budget=5.0,
+                    strategy="polydom",
+                    item={"png_base64": image, "id": f"cal-{calibrate}-{i}"},
+                )[1]
                 for i in range(30)
             ]
             costs = client.get("/models/tiny/costs").json()

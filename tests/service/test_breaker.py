@@ -61,8 +61,12 @@ def test_breaker_opens_after_consecutive_failures_and_probes_once() -> None:
 
 
 def redis_app(bundles: Path, url: str, **settings: Any) -> FastAPI:
-    values: dict[str, Any] = {"redis_timeout_ms": 250.0, "redis_retry_s": 0.3,
-                              "redis_failures": 3, **settings}
+    values: dict[str, Any] = {
+        "redis_timeout_ms": 250.0,
+        "redis_retry_s": 0.3,
+        "redis_failures": 3,
+        **settings,
+    }
     return create_app(Settings(models_dir=bundles, redis_url=url, **values))
 
 
@@ -76,8 +80,9 @@ ITEMS = [{"png_base64": png_b64(digit_image(i, 32))} for i in range(8)]
 
 
 def predict(client: TestClient, budget: float, index: int = 0) -> dict[str, Any]:
-    r = client.post("/predict", json={"model": "digits", "item": ITEMS[index % len(ITEMS)],
-                                      "budget": budget})
+    r = client.post(
+        "/predict", json={"model": "digits", "item": ITEMS[index % len(ITEMS)], "budget": budget}
+    )
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     return body
@@ -98,8 +103,10 @@ def test_small_budgets_on_a_healthy_redis_never_open_the_breaker(
     assert metric(metrics, "budgetserve_cache_circuit_trips_total") == 0
     for result in ("error", "write_error", "bypass"):
         assert metric(metrics, f'budgetserve_cache_requests_total{{result="{result}"}}') == 0
-    tried = {r: metric(metrics, f'budgetserve_cache_requests_total{{result="{r}"}}')
-             for r in ("hit", "miss", "deadline")}
+    tried = {
+        r: metric(metrics, f'budgetserve_cache_requests_total{{result="{r}"}}')
+        for r in ("hit", "miss", "deadline")
+    }
     assert tried["hit"] + tried["miss"] > 0, tried  # reads were really made
 
 
@@ -144,8 +151,9 @@ def test_tiny_budgets_with_redis_stopped_wait_at_most_their_read_cap(
 ) -> None:
     """With Redis stopped and a long Redis timeout (and a breaker that never opens), what a
     request spends is bounded by its own read cap (20 % of the budget), not by Redis."""
-    app = redis_app(digits_bundle_dir.parent, own_redis.url, redis_timeout_ms=2000.0,
-                    redis_failures=10_000)
+    app = redis_app(
+        digits_bundle_dir.parent, own_redis.url, redis_timeout_ms=2000.0, redis_failures=10_000
+    )
     with TestClient(app) as client:
         predict(client, 5.0)  # warm: connections in the pool
         own_redis.signal(signal.SIGSTOP)
@@ -173,8 +181,9 @@ def test_killing_and_restarting_redis_under_load_fails_no_request(
     """The issue's fault test: 4 clients at budgets 2, 5 and 20 ms against a real uvicorn;
     Redis healthy, killed, restarted. Every request is answered; the breaker opens only
     while Redis is down."""
-    app = redis_app(digits_bundle_dir.parent, own_redis.url, redis_timeout_ms=250.0,
-                    redis_retry_s=0.3)
+    app = redis_app(
+        digits_bundle_dir.parent, own_redis.url, redis_timeout_ms=250.0, redis_retry_s=0.3
+    )
     statuses: list[int] = []
     stop = threading.Event()
 
@@ -186,8 +195,11 @@ def test_killing_and_restarting_redis_under_load_fails_no_request(
             while not stop.is_set():
                 budget = (2.0, 5.0, 20.0)[i % 3]
                 try:
-                    status, _, _ = post_json(port, "/predict", {
-                        "model": "digits", "item": ITEMS[i % len(ITEMS)], "budget": budget})
+                    status, _, _ = post_json(
+                        port,
+                        "/predict",
+                        {"model": "digits", "item": ITEMS[i % len(ITEMS)], "budget": budget},
+                    )
                 except OSError:
                     status = 0
                 statuses.append(status)

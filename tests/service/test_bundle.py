@@ -27,7 +27,11 @@ def test_digits_manifest_is_complete(digits_bundle_dir: Path) -> None:
     assert len(m.extractors) >= 6
     assert all(e.cost.unit == "ms" and e.cost.fit_error is not None for e in m.extractors)
     assert {s.name for s in m.strategies} == {
-        "polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"
+        "polydom",
+        "polydom-anytime",
+        "greedy",
+        "greedy-acc",
+        "greedy-cost",
     }
     assert m.default_strategy == "polydom-anytime"
     assert any(not model.features for model in m.models), "the empty set answers any budget"

@@ -48,8 +48,13 @@ def record_opens() -> Iterator[list[str]]:
         _recording = False
 
 
-def _copy(tiny: Path, root: Path, folder: str, mutate: Callable[[dict[str, Any], Path], None],
-          name: str | None = None) -> Path:
+def _copy(
+    tiny: Path,
+    root: Path,
+    folder: str,
+    mutate: Callable[[dict[str, Any], Path], None],
+    name: str | None = None,
+) -> Path:
     target = root / folder
     shutil.copytree(tiny, target)
     manifest = json.loads((target / "manifest.json").read_text())
@@ -73,9 +78,14 @@ def _client(models_dir: Path) -> TestClient:
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [("/etc/passwd", "absolute"), ("../../outside.onnx", "'..' segment"),
-     ("sub/../../x.onnx", "'..' segment"), ("C:/models/x.onnx", "absolute"),
-     ("a\\..\\b.onnx", "backslash"), ("", "empty")],
+    [
+        ("/etc/passwd", "absolute"),
+        ("../../outside.onnx", "'..' segment"),
+        ("sub/../../x.onnx", "'..' segment"),
+        ("C:/models/x.onnx", "absolute"),
+        ("a\\..\\b.onnx", "backslash"),
+        ("", "empty"),
+    ],
 )
 def test_manifest_refuses_files_outside_the_bundle(
     digits_bundle_dir: Path, value: str, problem: str
@@ -123,16 +133,19 @@ def test_escaping_files_never_load_and_are_never_opened(
         (folder / "model.onnx").symlink_to(Path("data") / "model.onnx")
         _first_file_model(m)["file"] = "model.onnx"
 
-    for folder, mutate in (("absolute", absolute), ("dotdot", dotdot), ("symlink", symlink),
-                           ("inner", inner_link)):
+    for folder, mutate in (
+        ("absolute", absolute),
+        ("dotdot", dotdot),
+        ("symlink", symlink),
+        ("inner", inner_link),
+    ):
         _copy(tiny_bundle_dir, models, folder, mutate)
     record_opens.clear()  # what setting up opened; from here on, what loading opens
     registry = load_registry(models, 1 << 20)
     assert any(p.endswith("manifest.json") for p in record_opens), "the hook records opens"
     assert sorted(registry.bundles) == ["inner"]
     assert sorted(f.folder for f in registry.failures) == ["absolute", "dotdot", "symlink"]
-    assert not [p for p in record_opens if Path(p).resolve().is_relative_to(outside)], (
-        record_opens)
+    assert not [p for p in record_opens if Path(p).resolve().is_relative_to(outside)], record_opens
     reasons = {f.folder: f.reason for f in registry.failures}
     assert "models.1.file" in reasons["absolute"] and "absolute" in reasons["absolute"]
     assert "'..' segment" in reasons["dotdot"]
@@ -146,12 +159,26 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
     models.mkdir()
     shutil.copytree(tiny_bundle_dir, models / "tiny")
 
-    _copy(tiny_bundle_dir, models, "old-folder", lambda m, _: m["extractors"][0].update(
-        version="99"), name="renamed")
-    _copy(tiny_bundle_dir, models, "garbled-onnx", lambda m, folder: (
-        folder / _first_file_model(m)["file"]).write_bytes(b"not an onnx model"))
-    _copy(tiny_bundle_dir, models, "escaping-file",
-          lambda m, _: _first_file_model(m).update(file="../../etc/passwd"), name="escaping-name")
+    _copy(
+        tiny_bundle_dir,
+        models,
+        "old-folder",
+        lambda m, _: m["extractors"][0].update(version="99"),
+        name="renamed",
+    )
+    _copy(
+        tiny_bundle_dir,
+        models,
+        "garbled-onnx",
+        lambda m, folder: (folder / _first_file_model(m)["file"]).write_bytes(b"not an onnx model"),
+    )
+    _copy(
+        tiny_bundle_dir,
+        models,
+        "escaping-file",
+        lambda m, _: _first_file_model(m).update(file="../../etc/passwd"),
+        name="escaping-name",
+    )
     broken_json = models / "broken-json"
     shutil.copytree(tiny_bundle_dir, broken_json)
     (broken_json / "manifest.json").write_text('{"name": "SECRET-MANIFEST-BYTES", ')
@@ -159,7 +186,8 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
     shutil.copytree(tiny_bundle_dir, invalid)
     # Fails validation, but declares a name: requests for that name get 503, not 404.
     (invalid / "manifest.json").write_text(
-        json.dumps({"name": "declared", "description": "SECRET-MANIFEST-BYTES"}))
+        json.dumps({"name": "declared", "description": "SECRET-MANIFEST-BYTES"})
+    )
     directory = models / "dir-manifest"
     (directory / "manifest.json").mkdir(parents=True)
     (models / "escaping-manifest").mkdir()
@@ -169,15 +197,20 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
         listed = client.get("/models").json()
         ready = client.get("/readyz").json()
         renamed = client.post("/predict", json={"model": "renamed", "item": ITEM, "budget": 5})
-        by_folder = client.post("/predict", json={"model": "old-folder", "item": ITEM,
-                                                  "budget": 5})
+        by_folder = client.post("/predict", json={"model": "old-folder", "item": ITEM, "budget": 5})
         served = client.post("/predict", json={"model": "tiny", "item": ITEM, "budget": 5})
-        declared = client.post("/predict", json={"model": "declared", "item": ITEM,
-                                                 "budget": 5})
+        declared = client.post("/predict", json={"model": "declared", "item": ITEM, "budget": 5})
         escaping = client.get("/models/escaping-name")
     failed = {f["folder"]: f for f in listed["failed"]}
-    assert set(failed) == {"old-folder", "garbled-onnx", "broken-json", "invalid",
-                           "dir-manifest", "escaping-manifest", "escaping-file"}
+    assert set(failed) == {
+        "old-folder",
+        "garbled-onnx",
+        "broken-json",
+        "invalid",
+        "dir-manifest",
+        "escaping-manifest",
+        "escaping-file",
+    }
     assert failed["escaping-file"]["name"] == "escaping-name"
     assert failed["old-folder"]["name"] == "renamed"
     assert "thumbnail" in failed["old-folder"]["error"] and "99" in failed["old-folder"]["error"]
@@ -205,8 +238,13 @@ def test_failures_are_readable_named_and_pathless(tmp_path: Path, tiny_bundle_di
 def test_failed_bundle_does_not_shadow_a_loaded_one(tmp_path: Path, tiny_bundle_dir: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
-    _copy(tiny_bundle_dir, models, "a-broken", lambda m, _: m["extractors"][0].update(
-        version="99"), name="tiny")
+    _copy(
+        tiny_bundle_dir,
+        models,
+        "a-broken",
+        lambda m, _: m["extractors"][0].update(version="99"),
+        name="tiny",
+    )
     shutil.copytree(tiny_bundle_dir, models / "tiny")
     _copy(tiny_bundle_dir, models, "z-duplicate", lambda m, _: None, name="tiny")
     with _client(models) as client:

@@ -45,9 +45,13 @@ def test_lru_skips_values_larger_than_capacity() -> None:
 
 
 def test_key_separates_versions_params_and_extractors() -> None:
-    tags = [extractor_tag("hog", "1", {}), extractor_tag("hog", "2", {}),
-            extractor_tag("lbp", "1", {}), extractor_tag("hog", "1", {"cells": 3}),
-            extractor_tag("hog", "1", {"cells": 4})]
+    tags = [
+        extractor_tag("hog", "1", {}),
+        extractor_tag("hog", "2", {}),
+        extractor_tag("lbp", "1", {}),
+        extractor_tag("hog", "1", {"cells": 3}),
+        extractor_tag("hog", "1", {"cells": 4}),
+    ]
     keys = {feature_key(item, tag) for tag in tags for item in ("id:1", "id:2")}
     assert len(keys) == 10
     same = extractor_tag("hog", "1", {"b": 2, "a": 1})
@@ -83,8 +87,7 @@ def test_redis_round_trip_one_mget_and_pipelined_write(redis_url: str) -> None:
 
 
 def test_redis_down_raises_cache_unavailable_then_bypasses() -> None:
-    cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_ms=100,
-                       failures=2)
+    cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", ttl_s=60, timeout_ms=100, failures=2)
 
     async def run() -> None:
         try:
@@ -124,8 +127,14 @@ def test_service_with_redis_serves_second_request_from_cache(
 
 def test_service_survives_redis_down_and_counts_it(digits_bundle_dir: Path) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent, redis_url=dead,
-                              redis_timeout_ms=100, redis_failures=1))
+    app = create_app(
+        Settings(
+            models_dir=digits_bundle_dir.parent,
+            redis_url=dead,
+            redis_timeout_ms=100,
+            redis_failures=1,
+        )
+    )
     item = {"png_base64": png_b64(digit_image(12, 32))}
     with TestClient(app) as client:
         ready = client.get("/readyz")
@@ -176,20 +185,31 @@ def test_hung_redis_is_judged_by_its_timeout_and_then_bypassed(
 ) -> None:
     peer = SilentPeer()
     try:
-        app = create_app(Settings(models_dir=digits_bundle_dir.parent,
-                                  redis_url=f"redis://127.0.0.1:{peer.port}/0",
-                                  redis_timeout_ms=250, redis_failures=3, redis_retry_s=60))
+        app = create_app(
+            Settings(
+                models_dir=digits_bundle_dir.parent,
+                redis_url=f"redis://127.0.0.1:{peer.port}/0",
+                redis_timeout_ms=250,
+                redis_failures=3,
+                redis_retry_s=60,
+            )
+        )
         item = {"png_base64": png_b64(digit_image(13, 64))}
         with TestClient(app) as client:
             gc.collect()
             bodies = []
             for _ in range(400):  # bounded: the breaker opens once 3 reads have timed out
-                bodies.append(client.post("/predict", json={"model": "digits", "item": item,
-                                                           "budget": 20}).json())
+                bodies.append(
+                    client.post(
+                        "/predict", json={"model": "digits", "item": item, "budget": 20}
+                    ).json()
+                )
                 if app.state.core.cache.breaker.trips:
                     break
-            bodies += [client.post("/predict", json={"model": "digits", "item": item,
-                                                     "budget": 20}).json() for _ in range(3)]
+            bodies += [
+                client.post("/predict", json={"model": "digits", "item": item, "budget": 20}).json()
+                for _ in range(3)
+            ]
             metrics = client.get("/metrics").text
     finally:
         peer.close()

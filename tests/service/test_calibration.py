@@ -66,8 +66,8 @@ def test_converges_to_scaled_p95_and_waits_for_min_samples() -> None:
     # the other extractor has no data: it takes the bundle-wide prior (the median of the
     # extractor-wide factors with data: here hog's), since a machine that is 3x slower is
     # 3x slower for extractors the planner stopped choosing too
-    assert cal.factor("lbp", 1000) == pytest.approx(cal.prior()) == pytest.approx(
-        expected, rel=0.10
+    assert (
+        cal.factor("lbp", 1000) == pytest.approx(cal.prior()) == pytest.approx(expected, rel=0.10)
     )
     assert cal.costs_at(1000)["lbp"] == pytest.approx((0.5 + 2e-4 * 1000) * cal.prior())
 

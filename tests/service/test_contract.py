@@ -39,8 +39,9 @@ def _error(r: Any, status: int, kind: str) -> str:
 @pytest.mark.parametrize("max_bytes", [0, 1 << 20])
 def test_readyz_reports_an_empty_in_process_cache(digits_bundle_dir: Path, max_bytes: int) -> None:
     # No cache handed in: the app makes its own, as in production (no REDIS_URL: in-process).
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent, cache_max_bytes=max_bytes,
-                              redis_url=None))
+    app = create_app(
+        Settings(models_dir=digits_bundle_dir.parent, cache_max_bytes=max_bytes, redis_url=None)
+    )
     with TestClient(app) as c:
         before = c.get("/readyz").json()
         assert c.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5}).is_success
@@ -54,22 +55,23 @@ def test_readyz_reports_an_empty_in_process_cache(digits_bundle_dir: Path, max_b
 
 @pytest.mark.parametrize("size", [256.0, 256, 2.56e2])
 def test_integral_size_is_an_integer(client: TestClient, size: float) -> None:
-    r = client.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5,
-                                      "size": size})
+    r = client.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5, "size": size})
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize(("size", "mentions"), [(256.5, "whole number"), (True, "integer"),
-                                                ("256", "integer"), (-256.0, "greater than")])
+@pytest.mark.parametrize(
+    ("size", "mentions"),
+    [(256.5, "whole number"), (True, "integer"), ("256", "integer"), (-256.0, "greater than")],
+)
 def test_other_sizes_are_refused(client: TestClient, size: object, mentions: str) -> None:
-    r = client.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5,
-                                      "size": size})
+    r = client.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5, "size": size})
     assert mentions in _error(r, 422, "invalid_request")
 
 
 def test_integral_size_that_disagrees_is_a_size_mismatch(client: TestClient) -> None:
-    r = client.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5,
-                                      "size": 245148.0})
+    r = client.post(
+        "/predict", json={"model": "digits", "item": ITEM, "budget": 5, "size": 245148.0}
+    )
     _error(r, 422, "size_mismatch")
     assert r.json()["error"]["details"] == {"given": 245148, "measured": 256}
 
@@ -88,8 +90,13 @@ def test_huge_integer_says_so(client: TestClient) -> None:
 
 
 def test_huge_decimal_is_just_a_number(client: TestClient) -> None:
-    raw = ('{"model": "digits", "item": ' + f'{{"png_base64": "{ITEM["png_base64"]}"}}'
-           + ', "budget": 5.' + "1" * 5_000 + "}")
+    raw = (
+        '{"model": "digits", "item": '
+        + f'{{"png_base64": "{ITEM["png_base64"]}"}}'
+        + ', "budget": 5.'
+        + "1" * 5_000
+        + "}"
+    )
     r = client.post("/predict", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
 
@@ -107,8 +114,9 @@ def test_invalid_utf8_is_named(client: TestClient) -> None:
 )
 def test_non_json_body_is_a_415(client: TestClient, content_type: str | None) -> None:
     headers = {"content-type": content_type} if content_type else {}
-    r = client.post("/predict", content=b'{"model": "digits", "item": {}, "budget": 5}',
-                    headers=headers)
+    r = client.post(
+        "/predict", content=b'{"model": "digits", "item": {}, "budget": 5}', headers=headers
+    )
     message = _error(r, 415, "unsupported_media_type")
     assert "application/json" in message
     assert (content_type or "no Content-Type") in message
@@ -116,23 +124,31 @@ def test_non_json_body_is_a_415(client: TestClient, content_type: str | None) ->
     assert 'status="unsupported_media_type"' in metrics
 
 
-@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8",
-                                          "application/problem+json"])
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "application/problem+json"]
+)
 def test_json_content_types_are_read(client: TestClient, content_type: str) -> None:
     import json
 
-    r = client.post("/predict", content=json.dumps({"model": "digits", "item": ITEM,
-                                                    "budget": 5}),
-                    headers={"content-type": content_type})
+    r = client.post(
+        "/predict",
+        content=json.dumps({"model": "digits", "item": ITEM, "budget": 5}),
+        headers={"content-type": content_type},
+    )
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize(("method", "path", "allowed"), [
-    ("PUT", "/predict", "POST"), ("GET", "/predict", "POST"), ("DELETE", "/models", "GET"),
-    ("POST", "/models/digits", "GET"), ("PATCH", "/metrics", "GET"),
-])
-def test_405_says_what_is_allowed(client: TestClient, method: str, path: str,
-                                  allowed: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/predict", "POST"),
+        ("GET", "/predict", "POST"),
+        ("DELETE", "/models", "GET"),
+        ("POST", "/models/digits", "GET"),
+        ("PATCH", "/metrics", "GET"),
+    ],
+)
+def test_405_says_what_is_allowed(client: TestClient, method: str, path: str, allowed: str) -> None:
     r = client.request(method, path)
     _error(r, 405, "http_error")
     assert r.headers["allow"] == allowed
@@ -162,28 +178,33 @@ def test_openapi_documents_the_errors_each_route_returns(client: TestClient) -> 
         for status in statuses:
             assert responses[status]["content"]["application/json"]["schema"] == error_ref
     assert "HTTPValidationError" not in schema["components"]["schemas"], (
-        "422s are ErrorResponse bodies, not FastAPI's default")
+        "422s are ErrorResponse bodies, not FastAPI's default"
+    )
     ready = _responses(schema, "get", "/readyz")
     assert ready["503"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/Readiness"}
+        "$ref": "#/components/schemas/Readiness"
+    }
     metrics = _responses(schema, "get", "/metrics")["200"]["content"]
     assert set(metrics) == {"text/plain"}
 
 
-def test_documented_statuses_are_what_the_routes_return(
-    client: TestClient, tmp_path: Path
-) -> None:
+def test_documented_statuses_are_what_the_routes_return(client: TestClient, tmp_path: Path) -> None:
     assert _error(client.get("/models/nope"), 404, "model_not_found")
     assert _error(client.get("/models/nope/costs"), 404, "model_not_found")
     assert _error(client.get("/models/digits/skyline?size=0"), 422, "invalid_request")
-    assert _error(client.get("/models/digits/skyline?size=64&strategy=nope"), 404,
-                  "strategy_not_found")
+    assert _error(
+        client.get("/models/digits/skyline?size=64&strategy=nope"), 404, "strategy_not_found"
+    )
     assert client.get("/metrics").headers["content-type"].startswith("text/plain")
     # No bundle at all: not ready (503), nothing listed, every model unknown (404).
-    with TestClient(create_app(Settings(models_dir=tmp_path),
-                               cache=InProcessCache(1 << 10))) as empty:
+    with TestClient(
+        create_app(Settings(models_dir=tmp_path), cache=InProcessCache(1 << 10))
+    ) as empty:
         ready = empty.get("/readyz")
         assert ready.status_code == 503 and ready.json()["ready"] is False
         assert empty.get("/models").status_code == 200
-        _error(empty.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5}),
-               404, "model_not_found")
+        _error(
+            empty.post("/predict", json={"model": "digits", "item": ITEM, "budget": 5}),
+            404,
+            "model_not_found",
+        )

@@ -58,8 +58,13 @@ def item(row: np.ndarray, item_id: str | None = None) -> dict[str, Any]:
     return out
 
 
-def predict(client: TestClient, row: np.ndarray, budget: float, strategy: str | None = None,
-            item_id: str | None = None) -> dict[str, Any]:
+def predict(
+    client: TestClient,
+    row: np.ndarray,
+    budget: float,
+    strategy: str | None = None,
+    item_id: str | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "gating", "item": item(row, item_id), "budget": budget}
     if strategy is not None:
         body["strategy"] = strategy
@@ -87,11 +92,13 @@ def expected_cost(manifest: Manifest, point_id: str, cached: Set[str] = frozense
     first = set(point.gate_features) | set(manifest.model(point.low_model).features)
     extra = set(manifest.model(point.high_model).features) - first
     return sum(COSTS[f] for f in first - cached) + point.fraction_full * sum(
-        COSTS[f] for f in extra - cached)
+        COSTS[f] for f in extra - cached
+    )
 
 
-def best_point(manifest: Manifest, budget: float, cached: Set[str] = frozenset(),
-               strategy: str = "gating") -> str:
+def best_point(
+    manifest: Manifest, budget: float, cached: Set[str] = frozenset(), strategy: str = "gating"
+) -> str:
     """The runtime's rule, from the manifest alone: a point delivers its gated accuracy when
     the budget covers f0's missing features too, its f1's accuracy when it covers g's and
     f1's only; within the strategy's tolerance of the best, the cheapest expected cost."""
@@ -121,12 +128,19 @@ def test_a_budget_that_covers_only_f1_is_answered_by_f1(
     for row in x:
         body = predict(client, row, budget=1.5)
         assert body["answered_by"] == LOW and body["features"] == LOW_FEATURES
-        assert body["decision"] == {"kind": "gating", "point": "low", "method": "greedymiser",
-                                    "score": None, "sent_to_high": False, "answered_by": "low"}
+        assert body["decision"] == {
+            "kind": "gating",
+            "point": "low",
+            "method": "greedymiser",
+            "score": None,
+            "sent_to_high": False,
+            "answered_by": "low",
+        }
         assert body["cost"]["extracted"] == ["a"]
         assert body["cost"]["spent"] == 1.0 <= body["cost"]["budget"]
         assert list(body["probabilities"].values()) == pytest.approx(
-            offline_proba(gating_bundle, LOW, row), abs=1e-5)
+            offline_proba(gating_bundle, LOW, row), abs=1e-5
+        )
 
 
 def test_with_budget_to_spare_the_gate_routes_items_as_offline(
@@ -150,8 +164,9 @@ def test_with_budget_to_spare_the_gate_routes_items_as_offline(
         # g's and f1's features for every item, f0's missing ones only for routed items.
         assert body["cost"]["extracted"] == (["g", "a", "b", "c"] if routed else ["g", "a"])
         assert body["cost"]["spent"] == (6.0 if routed else 2.0)
-        assert body["path"] == ([[], ["g", "a"], ["g", "a", "b", "c"]] if routed
-                                else [[], ["g", "a"]])
+        assert body["path"] == (
+            [[], ["g", "a"], ["g", "a", "b", "c"]] if routed else [[], ["g", "a"]]
+        )
         proba = offline_proba(gating_bundle, model, row)
         assert list(body["probabilities"].values()) == pytest.approx(proba, abs=1e-5)
         assert body["prediction"] == classes[int(np.argmax(proba))]
@@ -205,8 +220,9 @@ def test_the_most_accurate_deliverable_point_is_chosen_by_budget(
     assert first["cost"]["spent"] == 0.0 and first["cost"]["extracted"] == []
 
 
-@pytest.mark.parametrize(("tolerance", "point"), [(0.0, "full"), (0.02, "gate-0"),
-                                                   (0.2, "gate-1"), (0.5, "low")])
+@pytest.mark.parametrize(
+    ("tolerance", "point"), [(0.0, "full"), (0.02, "gate-0"), (0.2, "gate-1"), (0.5, "low")]
+)
 def test_tolerance_trades_a_little_accuracy_for_a_lower_average_cost(
     gating_bundle_dir: Path, tmp_path: Path, tolerance: float, point: str
 ) -> None:
@@ -255,7 +271,11 @@ def test_skyline_lists_points_by_expected_cost(client: TestClient, manifest: Man
         assert entry["cost"] == pytest.approx(expected_cost(manifest, entry["model"]))
         assert entry["accuracy"] == points[entry["model"]].accuracy
     assert [e["features"] for e in body["skyline"]] == [
-        ["a"], ["g", "a"], ["g", "a"], HIGH_FEATURES]
+        ["a"],
+        ["g", "a"],
+        ["g", "a"],
+        HIGH_FEATURES,
+    ]
     summary = client.get("/models/gating").json()
     gating = next(s for s in summary["strategies"] if s["name"] == "gating")
     assert gating["kind"] == "gating" and [p["id"] for p in gating["points"]] == list(points)
@@ -281,10 +301,14 @@ def test_f0_features_that_stop_fitting_midway_leave_the_answer_to_f1(
         spent += 3.0 if step.feature == "b" else COSTS[step.feature]
     assert steps == ["g", "a", "b"]
     assert step.model == LOW
-    assert session.report() == {"kind": "gating", "point": "gate-0", "method": "adapt-lin",
-                                "score": pytest.approx(float(gate_scores(row[None])[0])),
-                                "sent_to_high": True,
-                                "answered_by": "low"}
+    assert session.report() == {
+        "kind": "gating",
+        "point": "gate-0",
+        "method": "adapt-lin",
+        "score": pytest.approx(float(gate_scores(row[None])[0])),
+        "sent_to_high": True,
+        "answered_by": "low",
+    }
     assert session.expected_accuracy is None, "f1's own accuracy, not the gated system's"
 
 
@@ -313,19 +337,25 @@ def _same_models(m: dict[str, Any], _: Path) -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0, 2.0, 3.0], 0.0)),
-         "gate 'gate_g.onnx' takes 3 inputs, its gate_features ['g'] give 1"),
+        (
+            lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0, 2.0, 3.0], 0.0)),
+            "gate 'gate_g.onnx' takes 3 inputs, its gate_features ['g'] give 1",
+        ),
         (lambda m, d: (d / GATE_FILE).unlink(), "ONNX file 'gate_g.onnx' is missing"),
-        (lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0], 0.0, outputs=2)),
-         "outputs shape (1, 2), expected (1, 1)"),
+        (
+            lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0], 0.0, outputs=2)),
+            "outputs shape (1, 2), expected (1, 1)",
+        ),
         (_swap_models, "does not read every feature of the low-cost model"),
         (_same_models, "chooses between 'a+b+c+g' and itself"),
     ],
     ids=["gate-width", "gate-missing", "gate-outputs", "high-lacks-low", "same-models"],
 )
 def test_broken_gates_fail_loading_with_a_clear_reason(
-    gating_bundle_dir: Path, tmp_path: Path,
-    mutate: Callable[[dict[str, Any], Path], None], message: str,
+    gating_bundle_dir: Path,
+    tmp_path: Path,
+    mutate: Callable[[dict[str, Any], Path], None],
+    message: str,
 ) -> None:
     folder = _copy(gating_bundle_dir, tmp_path, mutate)
     with pytest.raises(BundleError, match=r"gating strategy '.*', point 'gate-[01]'") as info:
@@ -336,8 +366,7 @@ def test_broken_gates_fail_loading_with_a_clear_reason(
         listed = c.get("/models").json()
         assert listed["models"] == []
         assert message in next(f["error"] for f in listed["failed"] if f["name"] == "gating")
-        r = c.post("/predict", json={"model": "gating", "item": item(np.zeros(4)),
-                                     "budget": 10.0})
+        r = c.post("/predict", json={"model": "gating", "item": item(np.zeros(4)), "budget": 10.0})
         assert r.status_code == 503 and r.json()["error"]["type"] == "model_not_ready"
 
 

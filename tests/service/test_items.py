@@ -30,8 +30,12 @@ from tests.conftest import ROUTER_COLUMNS, digit_image, png_b64
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
-    return (struct.pack(">I", len(data)) + kind + data
-            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    return (
+        struct.pack(">I", len(data))
+        + kind
+        + data
+        + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    )
 
 
 def raw_png(width: int, height: int, depth: int, colour: int, rows: bytes | None) -> bytes:
@@ -78,10 +82,12 @@ def encodings(gray: np.ndarray) -> dict[str, str]:
         "P with tRNS": _save(base.convert("P"), transparency=0),
         "L with tRNS": _save(base, transparency=0),
         "16-bit RGB": b64(raw_png(w, h, 16, 2, _rows(np.dstack([wide] * 3)))),
-        "16-bit LA drawing in alpha": b64(raw_png(
-            w, h, 16, 4, _rows(np.dstack([np.full_like(wide, 65535), wide])))),
-        "16-bit RGBA drawing in alpha": b64(raw_png(
-            w, h, 16, 6, _rows(np.dstack([np.full_like(wide, 65535)] * 3 + [wide])))),
+        "16-bit LA drawing in alpha": b64(
+            raw_png(w, h, 16, 4, _rows(np.dstack([np.full_like(wide, 65535), wide])))
+        ),
+        "16-bit RGBA drawing in alpha": b64(
+            raw_png(w, h, 16, 6, _rows(np.dstack([np.full_like(wide, 65535)] * 3 + [wide])))
+        ),
     }
 
 
@@ -104,8 +110,9 @@ def test_sixteen_bit_gray_is_scaled_not_clipped() -> None:
     # Values 0..65535 spread over the whole range: Pillow's own L conversion would make
     # everything >= 255 white.
     ramp = np.linspace(0, 65535, 32 * 32).astype(np.uint16).reshape(32, 32)
-    decoded = ImageDecoder(ItemSpec(), 1 << 22).decode(
-        {"png_base64": _save(Image.fromarray(ramp))}).data
+    decoded = (
+        ImageDecoder(ItemSpec(), 1 << 22).decode({"png_base64": _save(Image.fromarray(ramp))}).data
+    )
     np.testing.assert_allclose(decoded, ramp / 65535.0, atol=1e-6)
     assert 0.45 < float(decoded.mean()) < 0.55
 
@@ -128,14 +135,14 @@ def test_modes_no_png_has_are_refused_by_name(mode: str) -> None:
 
 @pytest.fixture(scope="module")
 def digits_client(digits_bundle_dir: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent),
-                     cache=InProcessCache(1 << 20))
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent), cache=InProcessCache(1 << 20))
     with TestClient(app) as client:
         yield client
 
 
-def _predict(client: TestClient, item: dict[str, Any], budget: float = 50.0,
-             model: str = "digits") -> dict[str, Any]:
+def _predict(
+    client: TestClient, item: dict[str, Any], budget: float = 50.0, model: str = "digits"
+) -> dict[str, Any]:
     r = client.post("/predict", json={"model": model, "item": item, "budget": budget})
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
@@ -143,9 +150,7 @@ def _predict(client: TestClient, item: dict[str, Any], budget: float = 50.0,
 
 
 @pytest.mark.parametrize("index", [3, 7])
-def test_every_png_mode_gets_the_same_answer(
-    digits_client: TestClient, index: int
-) -> None:
+def test_every_png_mode_gets_the_same_answer(digits_client: TestClient, index: int) -> None:
     gray = np.clip(digit_image(index, 64) * 255.0 + 0.5, 0, 255).astype(np.uint8)
     variants = encodings(gray)
     variants["1-bit"] = _save(Image.fromarray(gray).convert("1", dither=Image.Dither.NONE))
@@ -166,8 +171,9 @@ def test_every_png_mode_gets_the_same_answer(
 def test_huge_png_headers_are_413_before_decoding(digits_client: TestClient, side: int) -> None:
     data = raw_png(side, side, 8, 0, rows=None)
     assert len(data) < 100 and png_dimensions(data) == (side, side)
-    r = digits_client.post("/predict", json={"model": "digits", "budget": 5,
-                                             "item": {"png_base64": b64(data)}})
+    r = digits_client.post(
+        "/predict", json={"model": "digits", "budget": 5, "item": {"png_base64": b64(data)}}
+    )
     assert r.status_code == 413, r.text
     error = r.json()["error"]
     assert error["type"] == "item_too_large"
@@ -179,14 +185,26 @@ def test_huge_png_headers_are_413_before_decoding(digits_client: TestClient, sid
 def test_over_limit_header_is_413_whatever_its_shape(
     digits_client: TestClient, width: int, height: int
 ) -> None:
-    r = digits_client.post("/predict", json={"model": "digits", "budget": 5, "item": {
-        "png_base64": b64(raw_png(width, height, 16, 6, rows=None))}})
+    r = digits_client.post(
+        "/predict",
+        json={
+            "model": "digits",
+            "budget": 5,
+            "item": {"png_base64": b64(raw_png(width, height, 16, 6, rows=None))},
+        },
+    )
     assert r.status_code == 413, r.text
 
 
 def test_within_limit_header_with_no_pixels_is_a_422(digits_client: TestClient) -> None:
-    r = digits_client.post("/predict", json={"model": "digits", "budget": 5, "item": {
-        "png_base64": b64(raw_png(64, 64, 8, 0, rows=None))}})
+    r = digits_client.post(
+        "/predict",
+        json={
+            "model": "digits",
+            "budget": 5,
+            "item": {"png_base64": b64(raw_png(64, 64, 8, 0, rows=None))},
+        },
+    )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["type"] == "invalid_item"
 
@@ -199,11 +217,10 @@ def test_within_limit_header_with_no_pixels_is_a_422(digits_client: TestClient) 
         (b"hello, world", "no PNG signature"),
     ],
 )
-def test_other_formats_are_named(
-    digits_client: TestClient, payload: bytes, mentions: str
-) -> None:
-    r = digits_client.post("/predict", json={"model": "digits", "budget": 5,
-                                             "item": {"png_base64": b64(payload)}})
+def test_other_formats_are_named(digits_client: TestClient, payload: bytes, mentions: str) -> None:
+    r = digits_client.post(
+        "/predict", json={"model": "digits", "budget": 5, "item": {"png_base64": b64(payload)}}
+    )
     assert r.status_code == 422 and mentions in r.json()["error"]["message"]
 
 
@@ -229,11 +246,9 @@ def _poisoning_attempt(
 
 
 def test_same_id_different_picture_is_not_served_from_cache(digits_bundle_dir: Path) -> None:
-    app = create_app(Settings(models_dir=digits_bundle_dir.parent),
-                     cache=InProcessCache(1 << 22))
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent), cache=InProcessCache(1 << 22))
     with TestClient(app) as client:
-        _poisoning_attempt(lambda item: _predict(client, item),
-                           lambda item: _predict(client, item))
+        _poisoning_attempt(lambda item: _predict(client, item), lambda item: _predict(client, item))
 
 
 @pytest.mark.redis
@@ -242,13 +257,18 @@ def test_same_id_different_picture_across_workers_with_redis(
 ) -> None:
     redis.Redis.from_url(redis_url).flushdb()
     # Two apps sharing one Redis: two workers (or replicas) of the service.
-    settings = Settings(models_dir=digits_bundle_dir.parent, redis_url=redis_url,
-                        redis_timeout_ms=500)
+    settings = Settings(
+        models_dir=digits_bundle_dir.parent, redis_url=redis_url, redis_timeout_ms=500
+    )
     with TestClient(create_app(settings)) as one, TestClient(create_app(settings)) as two:
-        _poisoning_attempt(lambda item: _predict(one, item, budget=200.0),
-                           lambda item: _predict(two, item, budget=200.0))
-    keys = [k.decode() if isinstance(k, bytes) else k
-            for k in redis.Redis.from_url(redis_url).keys("bs:*")]
+        _poisoning_attempt(
+            lambda item: _predict(one, item, budget=200.0),
+            lambda item: _predict(two, item, budget=200.0),
+        )
+    keys = [
+        k.decode() if isinstance(k, bytes) else k
+        for k in redis.Redis.from_url(redis_url).keys("bs:*")
+    ]
     assert keys and not any("scan-42" in k for k in keys), "no client text in Redis keys"
 
 
@@ -278,8 +298,7 @@ def _tabular_attempt(send: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
 def test_tabular_same_id_different_values_is_not_served_from_cache(
     router_bundle_dir: Path,
 ) -> None:
-    app = create_app(Settings(models_dir=router_bundle_dir.parent),
-                     cache=InProcessCache(1 << 20))
+    app = create_app(Settings(models_dir=router_bundle_dir.parent), cache=InProcessCache(1 << 20))
     with TestClient(app) as client:
         _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"))
 
@@ -289,8 +308,9 @@ def test_tabular_same_id_different_values_with_redis(
     redis_url: str, router_bundle_dir: Path
 ) -> None:
     redis.Redis.from_url(redis_url).flushdb()
-    app = create_app(Settings(models_dir=router_bundle_dir.parent, redis_url=redis_url,
-                              redis_timeout_ms=500))
+    app = create_app(
+        Settings(models_dir=router_bundle_dir.parent, redis_url=redis_url, redis_timeout_ms=500)
+    )
     with TestClient(app) as client:
         _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"))
 
@@ -301,8 +321,10 @@ def test_content_keys() -> None:
     seven = png_b64(digit_image(7, 32))
     keys = {
         (data, item_id): decoder.decode(
-            {"png_base64": data} | ({"id": item_id} if item_id else {})).key
-        for data in (three, seven) for item_id in (None, "x", "y")
+            {"png_base64": data} | ({"id": item_id} if item_id else {})
+        ).key
+        for data in (three, seven)
+        for item_id in (None, "x", "y")
     }
     assert len(set(keys.values())) == 6, "content and id both separate keys"
     assert keys[(three, "x")] == decoder.decode({"png_base64": three, "id": "x"}).key
@@ -316,12 +338,12 @@ def test_content_keys() -> None:
 
 
 def test_tabular_extra_columns_are_refused_and_named(router_bundle_dir: Path) -> None:
-    app = create_app(Settings(models_dir=router_bundle_dir.parent),
-                     cache=InProcessCache(1 << 20))
+    app = create_app(Settings(models_dir=router_bundle_dir.parent), cache=InProcessCache(1 << 20))
     values = dict.fromkeys(ROUTER_COLUMNS, 0.5) | {"label": 1.0, "a3": 2.0}
     with TestClient(app) as client:
-        r = client.post("/predict", json={"model": "router", "budget": 6.0,
-                                          "item": {"values": values}})
+        r = client.post(
+            "/predict", json={"model": "router", "budget": 6.0, "item": {"values": values}}
+        )
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_item"

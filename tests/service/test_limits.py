@@ -46,8 +46,10 @@ def test_a_stalled_body_gets_408_and_its_connection_closed(digits_bundle_dir: Pa
         conns = []
         for _ in range(20):  # headers and 9 bytes of a 100,000-byte body, then nothing
             conn = socket.create_connection(("127.0.0.1", port), timeout=15)
-            conn.sendall(b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
-                         b"\r\nContent-Length: 100000\r\n\r\n{\"model\":")
+            conn.sendall(
+                b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100000\r\n\r\n{"model":'
+            )
             conns.append(conn)
         started = time.monotonic()
         answers = [read_until_closed(c) for c in conns]  # bounded by the socket time-out
@@ -55,8 +57,11 @@ def test_a_stalled_body_gets_408_and_its_connection_closed(digits_bundle_dir: Pa
         for c in conns:
             c.close()
         # A body that does arrive in time is still served.
-        body = {"model": "digits", "item": {"png_base64": png_b64(digit_image(3, 32))},
-                "budget": 20}
+        body = {
+            "model": "digits",
+            "item": {"png_base64": png_b64(digit_image(3, 32))},
+            "budget": 20,
+        }
         status, _, answer = post_json(port, "/predict", body)
         assert status == 200 and answer["prediction"] == "3"
         metrics = post_json_metrics(port)
@@ -82,8 +87,7 @@ def test_a_stalled_request_head_closes_the_connection(
     try:
         app = create_app(Settings(models_dir=digits_bundle_dir.parent))
         with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
-            fresh = [socket.create_connection(("127.0.0.1", port), timeout=15)
-                     for _ in range(10)]
+            fresh = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(10)]
             for conn in fresh:
                 conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
             reused = socket.create_connection(("127.0.0.1", port), timeout=15)
@@ -155,10 +159,13 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise KeyError(field)
 
 
-@pytest.mark.parametrize(("bound", "max_queued", "max_bytes"), [
-    ("queue_full", 4, 256 << 20),  # 4 waiting at most
-    ("queue_bytes", 64, 10 << 20),  # 10 MiB of decoded items: one working, one waiting
-])
+@pytest.mark.parametrize(
+    ("bound", "max_queued", "max_bytes"),
+    [
+        ("queue_full", 4, 256 << 20),  # 4 waiting at most
+        ("queue_bytes", 64, 10 << 20),  # 10 MiB of decoded items: one working, one waiting
+    ],
+)
 def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
     tmp_path: Path, digits_bundle_dir: Path, bound: str, max_queued: int, max_bytes: int
 ) -> None:
@@ -168,17 +175,28 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
     own ``queued`` and ``spent``); excess big ones are refused with 503 + Retry-After; the
     server's peak RSS stays bounded."""
     port = free_port()
-    env = {**os.environ, "BUDGETSERVE_HOST": "127.0.0.1", "BUDGETSERVE_PORT": str(port),
-           "BUDGETSERVE_MODELS_DIR": str(digits_bundle_dir.parent),
-           "BUDGETSERVE_WORKERS": "1", "BUDGETSERVE_EXTRACTION_THREADS": "1",
-           "BUDGETSERVE_MAX_QUEUED": str(max_queued),
-           "BUDGETSERVE_MAX_QUEUED_BYTES": str(max_bytes),
-           "BUDGETSERVE_MAX_BUDGET_MS": "3000", "BUDGETSERVE_CALIBRATION": "false"}
+    env = {
+        **os.environ,
+        "BUDGETSERVE_HOST": "127.0.0.1",
+        "BUDGETSERVE_PORT": str(port),
+        "BUDGETSERVE_MODELS_DIR": str(digits_bundle_dir.parent),
+        "BUDGETSERVE_WORKERS": "1",
+        "BUDGETSERVE_EXTRACTION_THREADS": "1",
+        "BUDGETSERVE_MAX_QUEUED": str(max_queued),
+        "BUDGETSERVE_MAX_QUEUED_BYTES": str(max_bytes),
+        "BUDGETSERVE_MAX_BUDGET_MS": "3000",
+        "BUDGETSERVE_CALIBRATION": "false",
+    }
     env.pop("REDIS_URL", None)
     env["PYTHONPATH"] = str(ROOT)  # this checkout's service, whichever one the venv installed
     log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen([str(VENV_BIN / "budgetserve-serve")], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "budgetserve-serve")],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         for _ in range(1200):
             try:
@@ -190,8 +208,9 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
         big = [{"png_base64": noise_png_b64(1024, s)} for s in range(4)]
         small = [{"png_base64": png_b64(digit_image(i, 32))} for i in range(8)]
         # Warm up: one big request through, so the baseline holds what one request needs.
-        status, _, _ = post_json(port, "/predict", {"model": "digits", "item": big[0],
-                                                    "budget": 3000}, timeout=120)
+        status, _, _ = post_json(
+            port, "/predict", {"model": "digits", "item": big[0], "budget": 3000}, timeout=120
+        )
         assert status == 200
         baseline = rss_kib(proc.pid)
 
@@ -201,16 +220,24 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
 
         def big_client(k: int) -> None:
             for j in range(3):
-                big_results.append(post_json(port, "/predict", {
-                    "model": "digits", "item": big[(k + j) % len(big)], "budget": 3000},
-                    timeout=120))
+                big_results.append(
+                    post_json(
+                        port,
+                        "/predict",
+                        {"model": "digits", "item": big[(k + j) % len(big)], "budget": 3000},
+                        timeout=120,
+                    )
+                )
 
         def small_client() -> None:
             i = 0
             while not stop.is_set() and i < 60:
-                status, _, body = post_json(port, "/predict", {
-                    "model": "digits", "item": small[i % len(small)], "budget": 5},
-                    timeout=120)
+                status, _, body = post_json(
+                    port,
+                    "/predict",
+                    {"model": "digits", "item": small[i % len(small)], "budget": 5},
+                    timeout=120,
+                )
                 assert status == 200, body
                 small_results.append(body)
                 i += 1
@@ -258,13 +285,18 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
     unqueued = metric(metrics, 'budgetserve_admission_total{result="answered_unqueued"}')
     expired = metric(metrics, 'budgetserve_admission_total{result="wait_expired"}')
     assert unqueued + expired > 0
-    rejected = {r: metric(metrics, f'budgetserve_admission_total{{result="{r}"}}')
-                for r in ("queue_full", "queue_bytes")}
+    rejected = {
+        r: metric(metrics, f'budgetserve_admission_total{{result="{r}"}}')
+        for r in ("queue_full", "queue_bytes")
+    }
     assert rejected[bound] > 0 and sum(rejected.values()) == len(refused), rejected
-    assert metric(metrics, 'budgetserve_requests_total{model="digits",status="overloaded"}') \
-        == len(refused)
+    assert metric(metrics, 'budgetserve_requests_total{model="digits",status="overloaded"}') == len(
+        refused
+    )
 
     grown_mib = (peak - baseline) / 1024
-    print(f"RSS baseline {baseline / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB, "
-          f"refused {len(refused)}/36, small answered at once {unqueued + expired:.0f}")
+    print(
+        f"RSS baseline {baseline / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB, "
+        f"refused {len(refused)}/36, small answered at once {unqueued + expired:.0f}"
+    )
     assert grown_mib < 400, f"RSS grew {grown_mib:.0f} MiB under load (bounded queue)"

@@ -65,18 +65,25 @@ def server(
     (models / "router").symlink_to(router_bundle_dir.resolve(), target_is_directory=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(BUDGETSERVE_MODELS_DIR=str(models), BUDGETSERVE_HOST="127.0.0.1",
-               BUDGETSERVE_PORT=str(port), PYTHONPATH=str(ROOT))
+    env.update(
+        BUDGETSERVE_MODELS_DIR=str(models),
+        BUDGETSERVE_HOST="127.0.0.1",
+        BUDGETSERVE_PORT=str(port),
+        PYTHONPATH=str(ROOT),
+    )
     log = (root / "service.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while not _ready(f"{base}/readyz"):
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the service did not become ready:\n"
-                            f"{(root / 'service.log').read_text()[-3000:]}")
+                pytest.fail(
+                    f"the service did not become ready:\n"
+                    f"{(root / 'service.log').read_text()[-3000:]}"
+                )
             time.sleep(0.2)
         yield base
     finally:
@@ -91,10 +98,26 @@ def test_every_operation_passes_every_check(server: str, tmp_path: Path) -> None
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     argv = [
-        str(SCHEMATHESIS), "--config-file", str(config), "--no-color", "run",
-        f"{server}/openapi.json", "--checks", "all", "--max-examples", str(EXAMPLES),
-        "--seed", str(SEED), "--workers", "1", "--request-timeout", "30",
-        "--report", "junit", "--report-junit-path", str(tmp_path / "junit.xml"),
+        str(SCHEMATHESIS),
+        "--config-file",
+        str(config),
+        "--no-color",
+        "run",
+        f"{server}/openapi.json",
+        "--checks",
+        "all",
+        "--max-examples",
+        str(EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        "--report",
+        "junit",
+        "--report-junit-path",
+        str(tmp_path / "junit.xml"),
     ]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr

@@ -30,18 +30,29 @@ ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ["polydom", "polydom-anytime", "greedy", "greedy-acc", "greedy-cost"]
 # (bundle, strategy) pairs the contract runs on: every strategy of every bundle we build.
 CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [
-    ("router", "dag"), ("gating", "gating"), ("gating", "gate-0")]
+    ("router", "dag"),
+    ("gating", "gating"),
+    ("gating", "gate-0"),
+]
 ANYTIME = [case for case in CASES if case[1] != "polydom"]
 
 
 @pytest.fixture(scope="module")
 def bundles(
-    digits_bundle_dir: Path, tiny_bundle_dir: Path, router_bundle_dir: Path,
+    digits_bundle_dir: Path,
+    tiny_bundle_dir: Path,
+    router_bundle_dir: Path,
     gating_bundle_dir: Path,
 ) -> dict[str, Bundle]:
-    return {name: load_bundle(path, max_pixels=1 << 24) for name, path in (
-        ("digits", digits_bundle_dir), ("tiny", tiny_bundle_dir), ("router", router_bundle_dir),
-        ("gating", gating_bundle_dir))}
+    return {
+        name: load_bundle(path, max_pixels=1 << 24)
+        for name, path in (
+            ("digits", digits_bundle_dir),
+            ("tiny", tiny_bundle_dir),
+            ("router", router_bundle_dir),
+            ("gating", gating_bundle_dir),
+        )
+    }
 
 
 @pytest.fixture(scope="module", params=["digits", "tiny"])
@@ -146,8 +157,9 @@ def test_fallback_answers_from_features_in_hand(case: tuple[Bundle, StrategyRunt
     rng = np.random.default_rng(2)
     names = list(bundle.extractors)
     for _ in range(100):
-        in_hand = {f: np.zeros(bundle.extractors[f].dims, np.float32)
-                   for f in names if rng.random() < 0.5}
+        in_hand = {
+            f: np.zeros(bundle.extractors[f].dims, np.float32) for f in names if rng.random() < 0.5
+        }
         session = runtime.begin(1024, 5.0, frozenset())
         answer = session.fallback(Observation(size=1024, budget=5.0, spent=9.0, features=in_hand))
         assert set(runtime.model_features[answer.model]) <= set(in_hand)
@@ -174,8 +186,11 @@ def test_every_spec_kind_has_one_runtime_typed_by_it() -> None:
         kind = spec.model_fields["kind"].default
         runtime = strategy_for(kind)
         assert runtime.kind == kind
-        bases = [b for b in getattr(runtime, "__orig_bases__", ())
-                 if typing.get_origin(b) is StrategyRuntime]
+        bases = [
+            b
+            for b in getattr(runtime, "__orig_bases__", ())
+            if typing.get_origin(b) is StrategyRuntime
+        ]
         assert [typing.get_args(b) for b in bases] == [(spec,)], (runtime, bases)
 
 
@@ -206,8 +221,7 @@ def test_polydom_fallback_is_the_best_computable(bundle: Bundle) -> None:
     for _ in range(100):
         hand = {f for f in bundle.extractors if rng.random() < 0.5}
         chosen = runtime.best_computable(hand)
-        best = max(a for m, a in runtime.accuracy.items()
-                   if set(runtime.model_features[m]) <= hand)
+        best = max(a for m, a in runtime.accuracy.items() if set(runtime.model_features[m]) <= hand)
         assert runtime.accuracy[chosen] == best
 
 
@@ -216,8 +230,9 @@ def test_polydom_index_matches_naive_lookup_over_candidates(bundle: Bundle) -> N
     assert isinstance(runtime, PolyDomRuntime)
     lo, hi = runtime.size_domain
     acc = np.array([runtime.accuracy[c] for c in runtime.candidates])
-    costs = np.stack([bundle.costs.set_coefficients(runtime.model_features[c])
-                      for c in runtime.candidates])
+    costs = np.stack(
+        [bundle.costs.set_coefficients(runtime.model_features[c]) for c in runtime.candidates]
+    )
     checked = 0
     for n, budget, _ in _queries(bundle, 1000, seed=3):
         per_feature = bundle.costs.at(n)
@@ -229,8 +244,11 @@ def test_polydom_index_matches_naive_lookup_over_candidates(bundle: Bundle) -> N
             assert runtime.accuracy[chosen] == acc[naive]
             checked += 1
         else:  # outside it: a scan of every model, the best affordable one
-            affordable = [m for m, fs in runtime.model_features.items()
-                          if sum(per_feature[f] for f in fs) <= budget]
+            affordable = [
+                m
+                for m, fs in runtime.model_features.items()
+                if sum(per_feature[f] for f in fs) <= budget
+            ]
             assert runtime.accuracy[chosen] == max(runtime.accuracy[m] for m in affordable)
     assert checked > 100
 
@@ -301,8 +319,11 @@ def test_uneven_calibration_switches_to_a_scan_of_every_model(digits_bundle_dir:
     assert per_feature["hog"] == pytest.approx(20 * bundle.costs.profiled_at(4096)["hog"])
     for budget in np.geomspace(0.05, 40, 40):
         chosen, cost = runtime.plan(4096, float(budget), frozenset(), per_feature)
-        affordable = [m for m, fs in runtime.model_features.items()
-                      if sum(per_feature[f] for f in fs) <= budget]
+        affordable = [
+            m
+            for m, fs in runtime.model_features.items()
+            if sum(per_feature[f] for f in fs) <= budget
+        ]
         assert cost <= budget * (1 + 1e-9)
         assert runtime.accuracy[chosen] == max(runtime.accuracy[m] for m in affordable)
 
@@ -311,8 +332,10 @@ def test_greedy_picks_the_sequence_that_buys_the_most_at_this_size(bundle: Bundl
     runtime = bundle.runtimes["greedy"]
     for n, budget, cached in _queries(bundle, 200, seed=6):
         answer, _, _, _ = _walk(bundle, runtime, n, budget, cached)
-        best_prefix = max(
-            (p for p in runtime.skyline(n) if p[0] <= budget), key=lambda p: p[1]
-        ) if not cached else None
+        best_prefix = (
+            max((p for p in runtime.skyline(n) if p[0] <= budget), key=lambda p: p[1])
+            if not cached
+            else None
+        )
         if best_prefix is not None:
             assert runtime.accuracy[answer] == best_prefix[1], (n, budget)

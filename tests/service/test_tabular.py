@@ -22,8 +22,9 @@ def test_sensor_is_registered_and_reads_its_columns_in_order() -> None:
     assert vec.dtype == np.float32 and vec.tolist() == [3.5, 1.0]
 
 
-@pytest.mark.parametrize("params", [{}, {"columns": []}, {"columns": ["a", "a"]},
-                                    {"columns": [""]}])
+@pytest.mark.parametrize(
+    "params", [{}, {"columns": []}, {"columns": ["a", "a"]}, {"columns": [""]}]
+)
 def test_sensor_rejects_bad_columns(params: dict[str, object]) -> None:
     with pytest.raises(ExtractorBroken, match="sensor"):
         create_extractor("sensor", "1", params)

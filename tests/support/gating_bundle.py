@@ -69,13 +69,17 @@ def linear_gate(weights: list[float], bias: float, outputs: int = 1) -> bytes:
     """ONNX: ``features`` (N x len(weights)) -> ``score`` (N x outputs) = features·w + b."""
     w = np.tile(np.asarray(weights, dtype=np.float32).reshape(-1, 1), (1, outputs))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["features", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "b"], ["score"])],
+        [
+            helper.make_node("MatMul", ["features", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["score"]),
+        ],
         "gate",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, len(weights)])],
         [helper.make_tensor_value_info("score", TensorProto.FLOAT, [None, outputs])],
-        [numpy_helper.from_array(w, "W"),
-         numpy_helper.from_array(np.full(outputs, bias, dtype=np.float32), "b")],
+        [
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(np.full(outputs, bias, dtype=np.float32), "b"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -105,41 +109,71 @@ def build_gating_bundle(out_dir: Path, rows: int = 3000, seed: int = 0) -> Gatin
         HIGH: DecisionTreeClassifier(max_depth=3, random_state=0).fit(x_tr[:, high_cols], y_tr),
     }
     classes = [str(c) for c in estimators[LOW].classes_]
-    predicted = {m: estimators[m].predict(x_te[:, columns_of(f)])
-                 for m, f in ((LOW, LOW_FEATURES), (HIGH, HIGH_FEATURES))}
+    predicted = {
+        m: estimators[m].predict(x_te[:, columns_of(f)])
+        for m, f in ((LOW, LOW_FEATURES), (HIGH, HIGH_FEATURES))
+    }
     frequencies = np.asarray([np.mean(y_tr == c) for c in classes])
-    models = [ModelSpec(id="prior", features=[], prior=frequencies.tolist(), input_dims=0,
-                        accuracy=float(np.mean(y_te == classes[int(np.argmax(frequencies))])))]
+    models = [
+        ModelSpec(
+            id="prior",
+            features=[],
+            prior=frequencies.tolist(),
+            input_dims=0,
+            accuracy=float(np.mean(y_te == classes[int(np.argmax(frequencies))])),
+        )
+    ]
     with staging(out_dir) as tmp:
         for model_id, features in ((LOW, LOW_FEATURES), (HIGH, HIGH_FEATURES)):
             cols = columns_of(features)
             onnx_bytes = export_classifier(estimators[model_id], len(cols))
-            verify_export(onnx_bytes, estimators[model_id], x_te[:, cols].astype(np.float32),
-                          model_id=model_id)
+            verify_export(
+                onnx_bytes,
+                estimators[model_id],
+                x_te[:, cols].astype(np.float32),
+                model_id=model_id,
+            )
             file = f"model_{model_id.replace('+', '__')}.onnx"
             (tmp / file).write_bytes(onnx_bytes)
-            models.append(ModelSpec(id=model_id, features=features, file=file,
-                                    input_dims=len(cols),
-                                    accuracy=float(np.mean(predicted[model_id] == y_te))))
+            models.append(
+                ModelSpec(
+                    id=model_id,
+                    features=features,
+                    file=file,
+                    input_dims=len(cols),
+                    accuracy=float(np.mean(predicted[model_id] == y_te)),
+                )
+            )
         (tmp / GATE_FILE).write_bytes(linear_gate([GATE_WEIGHT], GATE_BIAS))
         score = gate_scores(x_te)
         points = []
         for point_id, method, gated, threshold, low, high in POINTS:
             routed = score > threshold if gated else np.zeros(len(y_te), dtype=bool)
             answer = np.where(routed, predicted[high], predicted[low])
-            first = {"g", *LOW_FEATURES} if gated else set(
-                LOW_FEATURES if low == LOW else HIGH_FEATURES)
+            first = (
+                {"g", *LOW_FEATURES}
+                if gated
+                else set(LOW_FEATURES if low == LOW else HIGH_FEATURES)
+            )
             first_cost = sum(COSTS[f] for f in first)
             extra_cost = sum(COSTS[f] for f in HIGH_FEATURES if f not in first)
-            points.append(GatePoint(
-                id=point_id, method=method, p_full=float(np.mean(routed)), regularisation=0.0,
-                gate_file=GATE_FILE if gated else None,
-                gate_features=["g"] if gated else [], gate_input_dims=1 if gated else 0,
-                threshold=threshold, low_model=low, high_model=high,
-                mean_cost=first_cost + float(np.mean(routed)) * extra_cost,
-                fraction_full=float(np.mean(routed)),
-                accuracy=float(np.mean(answer == y_te)),
-            ))
+            points.append(
+                GatePoint(
+                    id=point_id,
+                    method=method,
+                    p_full=float(np.mean(routed)),
+                    regularisation=0.0,
+                    gate_file=GATE_FILE if gated else None,
+                    gate_features=["g"] if gated else [],
+                    gate_input_dims=1 if gated else 0,
+                    threshold=threshold,
+                    low_model=low,
+                    high_model=high,
+                    mean_cost=first_cost + float(np.mean(routed)) * extra_cost,
+                    fraction_full=float(np.mean(routed)),
+                    accuracy=float(np.mean(answer == y_te)),
+                )
+            )
         manifest = Manifest(
             name=out_dir.name,
             version="test",

@@ -40,13 +40,24 @@ def _l1() -> L1Baseline:
 
 
 def _gbrt() -> AdaptGbrt:
-    return AdaptGbrt(p_full=0.3, lam=0.001, f0=_small_f0(), n_rounds=3, trees_per_round=2,
-                     num_leaves=4, min_child_samples=2)
+    return AdaptGbrt(
+        p_full=0.3,
+        lam=0.001,
+        f0=_small_f0(),
+        n_rounds=3,
+        trees_per_round=2,
+        num_leaves=4,
+        min_child_samples=2,
+    )
 
 
 def _dag() -> DagClassifier:
-    return DagClassifier(sensors={"a": [0, 1], "b": [2], "c": [3]},
-                         costs={"a": 1.0, "b": 2.0, "c": 4.0}, cost_scale=0.001, folds=3)
+    return DagClassifier(
+        sensors={"a": [0, 1], "b": [2], "c": [3]},
+        costs={"a": 1.0, "b": 2.0, "c": 4.0},
+        cost_scale=0.001,
+        folds=3,
+    )
 
 
 ESTIMATORS: dict[str, Callable[[], Any]] = {

@@ -55,8 +55,11 @@ def ray_env(token: bool) -> dict[str, str]:
     """Environment of the Ray processes here: loopback node address, no drain delay on
     SIGTERM, no usage statistics, and a throwaway token (or none: this process's Ray read
     its authentication mode when it was imported, so an in-process instance runs without)."""
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex} if token else {
-        "RAY_AUTH_MODE": "disabled"}
+    auth = (
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex}
+        if token
+        else {"RAY_AUTH_MODE": "disabled"}
+    )
     return {
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
@@ -105,9 +108,15 @@ def ray_local() -> Iterator[str]:
     patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
     temp = ray_temp_dir()
     try:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False, object_store_memory=100 * 1024 * 1024,
-                 _temp_dir=temp)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            object_store_memory=100 * 1024 * 1024,
+            _temp_dir=temp,
+        )
         yield temp
     finally:
         ray.shutdown()
@@ -204,17 +213,22 @@ def router() -> tuple[np.ndarray, ...]:
 
 def run_sweep(router: tuple[np.ndarray, ...], executor: Executor) -> list[Any]:
     x, y, x_val, y_val = router
-    return sweep(x, y, x_val, y_val, SCALES, sensors=ROUTER_SENSORS, costs=ROUTER_COSTS,
-                 executor=executor)
+    return sweep(
+        x, y, x_val, y_val, SCALES, sensors=ROUTER_SENSORS, costs=ROUTER_COSTS, executor=executor
+    )
 
 
 def sweep_outputs(points: list[tuple[float, DagClassifier, float, float]]) -> list[Any]:
     base = points[0][1]
-    bank = {s: (None if c is None else (c[-1].coef_.tolist(), c[-1].intercept_.tolist()))
-            for s, c in base.classifiers_.items()}
+    bank = {
+        s: (None if c is None else (c[-1].coef_.tolist(), c[-1].intercept_.tolist()))
+        for s, c in base.classifiers_.items()
+    }
     return [
-        [(cs, cost, err, m.train_objective_, json.dumps(m.export_policies(), sort_keys=True))
-         for cs, m, cost, err in points],
+        [
+            (cs, cost, err, m.train_objective_, json.dumps(m.export_policies(), sort_keys=True))
+            for cs, m, cost, err in points
+        ],
         bank,
         {s: base._losses[s].tolist() for s in base.states_},
     ]
@@ -235,7 +249,9 @@ def test_sweep_shares_the_bank_and_trains_policies_per_scale(inline_sweep: list[
 
 @pytest.mark.parametrize("kind", ["joblib", "ray"])
 def test_sweep_elsewhere_is_the_same(
-    request: pytest.FixtureRequest, router: tuple[np.ndarray, ...], inline_sweep: list[Any],
+    request: pytest.FixtureRequest,
+    router: tuple[np.ndarray, ...],
+    inline_sweep: list[Any],
     kind: str,
 ) -> None:
     if kind == "ray":
@@ -246,8 +262,9 @@ def test_sweep_elsewhere_is_the_same(
     assert all(p[1].classifiers_ is points[0][1].classifiers_ for p in points)
     x_val = router[2]
     for (_, model, _, _), (_, ref, _, _) in zip(points, inline_sweep, strict=True):
-        np.testing.assert_array_equal(model.predict_with_cost(x_val)[1],
-                                      ref.predict_with_cost(x_val)[1])
+        np.testing.assert_array_equal(
+            model.predict_with_cost(x_val)[1], ref.predict_with_cost(x_val)[1]
+        )
 
 
 # ------------------------------------------------------------------ the executors themselves
@@ -258,7 +275,10 @@ def test_map_keeps_the_items_order(request: pytest.FixtureRequest, kind: str) ->
     if kind == "ray":
         request.getfixturevalue("ray_local")
     makers: dict[str, Callable[[], Executor]] = {
-        "inline": lambda: INLINE, "joblib": lambda: LocalExecutor(2), "ray": RayExecutor}
+        "inline": lambda: INLINE,
+        "joblib": lambda: LocalExecutor(2),
+        "ray": RayExecutor,
+    }
     ex = makers[kind]()
     items = list(range(40, 0, -3))
     with ex:
@@ -292,8 +312,9 @@ class Recorder(Executor):
     made: ClassVar[list[tuple[str, str | None, int | None]]] = []
     batches: ClassVar[int] = 0
 
-    def map(self, fn: Callable[..., Any], items: Iterable[Any], *,
-            shared: Sequence[Any] = ()) -> list[Any]:
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[Any], *, shared: Sequence[Any] = ()
+    ) -> list[Any]:
         type(self).batches += 1
         return super().map(fn, items, shared=shared)
 
@@ -305,8 +326,9 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> type[Recorder]:
     real = training.executor.make_executor
     Recorder.made, Recorder.batches = [], 0
 
-    def fake(kind: str = "local", *, address: str | None = None,
-             n_jobs: int | None = None) -> Executor:
+    def fake(
+        kind: str = "local", *, address: str | None = None, n_jobs: int | None = None
+    ) -> Executor:
         real(kind, address=address, n_jobs=n_jobs)  # the real checks, then run inline
         Recorder.made.append((str(kind), address, n_jobs))
         return Recorder()
@@ -320,9 +342,13 @@ def write_router_csv(folder: Path, scales: list[float]) -> tuple[Path, Path]:
     lines = [",".join([*ROUTER_COLUMNS, "label"])]
     lines += [",".join([*map(str, row), str(label)]) for row, label in zip(x, y, strict=True)]
     (folder / "data.csv").write_text("\n".join(lines) + "\n")
-    spec = {"name": "router", "label": "label",
-            "sensors": {"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
-            "costs": ROUTER_COSTS, "cost_scales": scales}
+    spec = {
+        "name": "router",
+        "label": "label",
+        "sensors": {"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
+        "costs": ROUTER_COSTS,
+        "cost_scales": scales,
+    }
     (folder / "spec.json").write_text(json.dumps(spec))
     return folder / "data.csv", folder / "spec.json"
 
@@ -336,9 +362,24 @@ def test_cli_passes_the_executor_options_through(
     from training.cli import app
 
     csv, spec = write_router_csv(tmp_path, [0.0, 0.3])
-    result = CliRunner().invoke(app, ["dag", "--csv", str(csv), "--spec", str(spec), "--out",
-                                      str(tmp_path / "out"), "--executor", "ray",
-                                      "--address", "10.1.2.3:6379", "--n-jobs", "3"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "dag",
+            "--csv",
+            str(csv),
+            "--spec",
+            str(spec),
+            "--out",
+            str(tmp_path / "out"),
+            "--executor",
+            "ray",
+            "--address",
+            "10.1.2.3:6379",
+            "--n-jobs",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert recorder.made == [("ray", "10.1.2.3:6379", 3)]
     assert recorder.batches >= 2  # the bank, then the second cost scale
@@ -351,13 +392,14 @@ def test_cli_passes_the_executor_options_through(
         raise SystemExit(0)
 
     monkeypatch.setattr(training.bundles.digits, "build_bundle", fake_build)
-    result = CliRunner().invoke(app, ["build", "--out", str(tmp_path / "digits"),
-                                      "--executor", "ray", "--address", "head:6379"])
+    result = CliRunner().invoke(
+        app,
+        ["build", "--out", str(tmp_path / "digits"), "--executor", "ray", "--address", "head:6379"],
+    )
     assert result.exit_code == 0, result.output
     assert recorder.made[-1] == ("ray", "head:6379", None)
     assert isinstance(seen["executor"], Recorder)
-    result = CliRunner().invoke(app, ["build", "--out", str(tmp_path / "digits"),
-                                      "--n-jobs", "2"])
+    result = CliRunner().invoke(app, ["build", "--out", str(tmp_path / "digits"), "--n-jobs", "2"])
     assert recorder.made[-1:] == [("local", None, 2)]
 
 
@@ -392,17 +434,45 @@ def test_cli_joins_a_ray_cluster_started_with_ray_start(tmp_path: Path) -> None:
     env = {**os.environ, **ray_env(token=True)}
     temp, port = ray_temp_dir(), free_port()
     head = subprocess.Popen(
-        [str(bin_dir / "ray"), "start", "--head", "--block", f"--port={port}",
-         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false",
-         "--object-store-memory=100000000", f"--temp-dir={temp}", "--disable-usage-stats"],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(bin_dir / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--object-store-memory=100000000",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         joined = subprocess.run(
-            [str(bin_dir / "budgetserve-train"), "dag", "--csv", str(csv), "--spec", str(spec),
-             "--out", str(tmp_path / "on-ray"), "--executor", "ray",
-             "--address", f"127.0.0.1:{port}"],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180,
+            [
+                str(bin_dir / "budgetserve-train"),
+                "dag",
+                "--csv",
+                str(csv),
+                "--spec",
+                str(spec),
+                "--out",
+                str(tmp_path / "on-ray"),
+                "--executor",
+                "ray",
+                "--address",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
     finally:
         os.killpg(head.pid, signal.SIGTERM)
@@ -444,17 +514,30 @@ def test_gating_sweep_elsewhere_is_the_same(request: pytest.FixtureRequest, kind
         request.getfixturevalue("ray_local")
     X, y = make_classification(500, 6, n_informative=4, n_classes=3, random_state=0)
     f0 = FittedF0.fit(KNeighborsClassifier(5), X[:300], y[:300])
-    grid = [Config("adapt-gbrt", 0.3, 1e-3), Config("greedymiser", 0.0, 1e-2),
-            Config("adapt-lin", 0.3, 1e-2), Config("l1", 0.0, 0.1)]
+    grid = [
+        Config("adapt-gbrt", 0.3, 1e-3),
+        Config("greedymiser", 0.0, 1e-2),
+        Config("adapt-lin", 0.3, 1e-2),
+        Config("l1", 0.0, 0.1),
+    ]
 
     def run(ex: Any) -> list[tuple[str, float, float, float, float]]:
-        points = gating_sweep(X[:300], y[:300], X[300:400], y[300:400], costs=np.ones(6),
-                              f0=f0, grid=grid, X_test=X[400:], y_test=y[400:], executor=ex)
+        points = gating_sweep(
+            X[:300],
+            y[:300],
+            X[300:400],
+            y[300:400],
+            costs=np.ones(6),
+            f0=f0,
+            grid=grid,
+            X_test=X[400:],
+            y_test=y[400:],
+            executor=ex,
+        )
         for p in points:  # the shared f0 is re-attached, not a copy that travelled back
             assert getattr(p.estimator, "f0_", None) in (None, f0.model)
             assert p.method == "greedymiser" or p.estimator.f0_ is f0.model
-        return [(p.id, p.val_accuracy, p.val_cost, p.test_accuracy, p.test_cost)
-                for p in points]
+        return [(p.id, p.val_accuracy, p.val_cost, p.test_accuracy, p.test_cost) for p in points]
 
     reference = run(INLINE)
     with make_executor("ray" if kind == "ray" else "local", n_jobs=2) as ex:

@@ -51,8 +51,11 @@ def _candidate_best(bundle: SimBundle, n: int, budget: float) -> float:
     """Naive-Lookup over the candidates with the shipped costs (chance if none fits)."""
     rt = bundle.runtimes["polydom"]
     per = bundle.p95_at(n)
-    fits = [rt.accuracy[c] for c in bundle.manifest.polydom().candidates
-            if sum(per[f] for f in rt.model_features[c]) <= budget]
+    fits = [
+        rt.accuracy[c]
+        for c in bundle.manifest.polydom().candidates
+        if sum(per[f] for f in rt.model_features[c]) <= budget
+    ]
     return max(fits, default=rt.accuracy["prior"])
 
 
@@ -150,8 +153,7 @@ def test_anytime_polydom_upgrades_when_extractions_run_fast() -> None:
     gains = []
     for n, budget in queries:
         s = simulate(bundle.runtimes["polydom"], bundle.median_costs, n, budget, rng, 0.5)
-        a = simulate(bundle.runtimes["polydom-anytime"], bundle.median_costs, n, budget, rng,
-                     0.5)
+        a = simulate(bundle.runtimes["polydom-anytime"], bundle.median_costs, n, budget, rng, 0.5)
         gains.append(a.accuracy - s.accuracy)
     assert np.mean(gains) > 0
 
@@ -168,8 +170,9 @@ def test_sweep_aggregates_cells() -> None:
     first = next(c for c in cells if c.strategy == "greedy" and c.n == 500 and c.budget == 1000)
     assert again[0] == first, "a cell's numbers do not depend on the other cells run"
     exact = synthetic_bundle(6, 1.0, 3, sigma=0.0)
-    assert all(c.requests == 1 and c.overrun_rate == 0
-               for c in sweep(exact, [500], [100.0, 1000.0], 20))
+    assert all(
+        c.requests == 1 and c.overrun_rate == 0 for c in sweep(exact, [500], [100.0, 1000.0], 20)
+    )
 
 
 # -- the simulator runs the service's loop, contract checks included -------------------------
@@ -189,8 +192,9 @@ def test_a_strategy_acquiring_twice_is_stopped_before_a_second_draw() -> None:
 def test_a_strategy_that_never_answers_is_stopped_within_one_step_per_feature() -> None:
     bundle = synthetic_bundle(6, 1.0, 3, sigma=0.0)
     names = bundle.names
-    runtime = ScriptedRuntime(bundle.runtimes["greedy"],
-                              lambda obs, i: Acquire(names[i % len(names)]))
+    runtime = ScriptedRuntime(
+        bundle.runtimes["greedy"], lambda obs, i: Acquire(names[i % len(names)])
+    )
     with pytest.raises(StrategyFault):
         simulate(runtime, bundle.median_costs, 500, 1e12, np.random.default_rng(0), 0.0)
     assert len(runtime.steps) == len(names) + 1
@@ -207,8 +211,11 @@ def test_a_well_behaved_script_is_charged_its_median_costs() -> None:
     greedy = bundle.runtimes["greedy"]
 
     def script(obs: Observation, i: int) -> Acquire | Answer:
-        return Acquire(order[i]) if i < len(order) else Answer(
-            greedy.best_computable(set(obs.features)))
+        return (
+            Acquire(order[i])
+            if i < len(order)
+            else Answer(greedy.best_computable(set(obs.features)))
+        )
 
     runtime = ScriptedRuntime(greedy, script)
     median = bundle.median_at(500)

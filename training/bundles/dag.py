@@ -78,9 +78,18 @@ def build_dag_bundle(
     sensors = column_positions(spec, columns)
     costs = spec.sensor_costs()
     x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
-    fits = sweep(x_train, y_train, x_val, y_val, spec.cost_scales, sensors=sensors,
-                 costs=costs, n_subsets=spec.n_subsets, random_state=spec.seed,
-                 executor=executor)
+    fits = sweep(
+        x_train,
+        y_train,
+        x_val,
+        y_val,
+        spec.cost_scales,
+        sensors=sensors,
+        costs=costs,
+        n_subsets=spec.n_subsets,
+        random_state=spec.seed,
+        executor=executor,
+    )
     base = fits[0][1]
     classes = [str(c) for c in base.classes_]
     sensor_names = list(spec.sensors)
@@ -101,12 +110,24 @@ def build_dag_bundle(
             verify_policy(tmp / policy.file, policy, model, x_val, global_of_column)
             pred, spent, _ = model.predict_with_cost(x_test)
             test_error = float(np.mean(pred != y_test))
-            policies.append(policy.model_copy(update={
-                "cost_scale": scale, "mean_cost": val_cost, "error": val_error,
-            }))
-            points.append({"cost_scale": scale, "validation_cost": val_cost,
-                           "validation_error": val_error,
-                           "test_cost": float(np.mean(spent)), "test_error": test_error})
+            policies.append(
+                policy.model_copy(
+                    update={
+                        "cost_scale": scale,
+                        "mean_cost": val_cost,
+                        "error": val_error,
+                    }
+                )
+            )
+            points.append(
+                {
+                    "cost_scale": scale,
+                    "validation_cost": val_cost,
+                    "validation_error": val_error,
+                    "test_cost": float(np.mean(spent)),
+                    "test_error": test_error,
+                }
+            )
         manifest = Manifest(
             name=spec.name,
             version=bundle_version(tmp),
@@ -116,23 +137,28 @@ def build_dag_bundle(
             item=tabular_item(spec.sensors),
             extractors=sensor_extractors(spec.sensors, costs, spec.unit),
             models=models,
-            strategies=[DagStrategy(
-                name="dag", groups=[list(g) for g in base.groups_], inputs=sensor_names,
-                policies=policies,
-            )],
+            strategies=[
+                DagStrategy(
+                    name="dag",
+                    groups=[list(g) for g in base.groups_],
+                    inputs=sensor_names,
+                    policies=policies,
+                )
+            ],
             default_strategy="dag",
             provenance=provenance(
                 data_fingerprint or fingerprint(x, y),
                 {
-                    "label": spec.label, "sensors": spec.sensors, "costs": costs,
-                    "cost_scales": spec.cost_scales, "n_subsets": spec.n_subsets,
+                    "label": spec.label,
+                    "sensors": spec.sensors,
+                    "costs": costs,
+                    "cost_scales": spec.cost_scales,
+                    "n_subsets": spec.n_subsets,
                     "seed": spec.seed,
-                    "rows": {"train": len(y_train), "validation": len(y_val),
-                             "test": len(y_test)},
+                    "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
                     "operating_points": points,
                 },
             ),
         )
         write_manifest(tmp, manifest)
     return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
-

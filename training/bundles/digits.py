@@ -177,8 +177,9 @@ def cv_accuracy(job: LatticeJob, mask: int) -> float:
 def fit_model(job: LatticeJob, mask: int) -> Any:
     """The learner fitted on F's columns of every train row."""
     d = job.data
-    return clone(job.learner).fit(d.matrix(mask_features(d.names, mask), d.train),
-                                  d.labels[d.train])
+    return clone(job.learner).fit(
+        d.matrix(mask_features(d.names, mask), d.train), d.labels[d.train]
+    )
 
 
 @dataclass
@@ -231,8 +232,9 @@ class LatticeEvaluator:
     def prefetch(self, masks: Sequence[int]) -> None:
         """Compute a(F) of every mask not known yet, as one batch on the executor."""
         todo = list(dict.fromkeys(m for m in masks if m not in self.accuracy))
-        for mask, acc in zip(todo, self.executor.map(cv_accuracy, todo, shared=(self.job,)),
-                             strict=True):
+        for mask, acc in zip(
+            todo, self.executor.map(cv_accuracy, todo, shared=(self.job,)), strict=True
+        ):
             self._record(mask, acc)
 
     def prefit(self, masks: Sequence[int]) -> None:
@@ -304,7 +306,10 @@ def build_bundle(
     names = [e.name for e in extractors]
     if costs is None:
         costs = profile_costs(
-            extractors, config.profile_sides, config.profile_repeats, config.quantile,
+            extractors,
+            config.profile_sides,
+            config.profile_repeats,
+            config.quantile,
             progress=profile_progress,
         )
     if data is None:
@@ -465,8 +470,15 @@ def _export_models(
         if not feats:
             prior = np.bincount(y_train, minlength=len(classes)).astype(np.float64)
             prior /= prior.sum()
-            models.append(ModelSpec(id=model_id, features=[], accuracy=acc,
-                                    prior=[float(p) for p in prior], input_dims=0))
+            models.append(
+                ModelSpec(
+                    id=model_id,
+                    features=[],
+                    accuracy=acc,
+                    prior=[float(p) for p in prior],
+                    input_dims=0,
+                )
+            )
             continue
         fitted = evaluator.fitted_model(mask)
         if [str(c) for c in fitted.classes_] != classes:
@@ -475,16 +487,15 @@ def _export_models(
         onnx_bytes = export_classifier(fitted, dims)
         held_out = data.matrix(feats, data.test)
         errors[model_id] = verify_export(onnx_bytes, fitted, held_out, model_id=model_id)
-        test_accuracy[model_id] = float(
-            np.mean(fitted.predict(held_out) == data.labels[data.test])
-        )
+        test_accuracy[model_id] = float(np.mean(fitted.predict(held_out) == data.labels[data.test]))
         file = f"{model_id.replace('+', '__')}.onnx"
         (folder / file).write_bytes(onnx_bytes)
         verification["expected"][model_id] = fitted.predict_proba(
             data.matrix(feats, probe)
         ).tolist()
-        models.append(ModelSpec(id=model_id, features=feats, accuracy=acc, file=file,
-                                input_dims=dims))
+        models.append(
+            ModelSpec(id=model_id, features=feats, accuracy=acc, file=file, input_dims=dims)
+        )
     verification["test_accuracy"] = test_accuracy
     (folder / VERIFICATION_FILE).write_text(json.dumps(verification))
     return models, errors

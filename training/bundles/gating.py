@@ -87,8 +87,9 @@ class GatingSpec(TabularSpec):
                 )
             if entry["method"] not in METHODS:
                 raise ValueError(f"unknown gating method {entry['method']!r}; known: {METHODS}")
-            out.append(Config(str(entry["method"]), float(entry["p_full"]),
-                              float(entry["regularisation"])))
+            out.append(
+                Config(str(entry["method"]), float(entry["p_full"]), float(entry["regularisation"]))
+            )
         return out
 
     def make_f0(self) -> Any:
@@ -139,9 +140,20 @@ def build_gating_bundle(
     x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
     classes = np.unique(y_train)
     f0 = FittedF0.fit(spec.make_f0(), x_train, y_train, random_state=spec.seed)
-    points = sweep(x_train, y_train, x_val, y_val, costs=costs, f0=f0, grid=spec.configs(),
-                   X_test=x_test, y_test=y_test, standardize=spec.standardize,
-                   random_state=spec.seed, executor=executor)
+    points = sweep(
+        x_train,
+        y_train,
+        x_val,
+        y_val,
+        costs=costs,
+        f0=f0,
+        grid=spec.configs(),
+        X_test=x_test,
+        y_test=y_test,
+        standardize=spec.standardize,
+        random_state=spec.seed,
+        executor=executor,
+    )
     f0_val = float(np.mean(classes[f0.model.predict(x_val)] == y_val))
     f0_test = float(np.mean(classes[f0.model.predict(x_test)] == y_test))
     full_cost = float(costs.sum())
@@ -158,15 +170,34 @@ def build_gating_bundle(
         _verify_f0(f0_bytes, f0.model, x_test)
         (tmp / "f0.onnx").write_bytes(f0_bytes)
         models = [
-            ModelSpec(id="prior", features=[], accuracy=float(np.mean(y_test == classes[
-                int(np.argmax(prior))])), prior=[float(p) for p in prior], input_dims=0),
-            ModelSpec(id="f0", features=list(sensor_names), accuracy=f0_test, file="f0.onnx",
-                      input_dims=len(sensor_names)),
+            ModelSpec(
+                id="prior",
+                features=[],
+                accuracy=float(np.mean(y_test == classes[int(np.argmax(prior))])),
+                prior=[float(p) for p in prior],
+                input_dims=0,
+            ),
+            ModelSpec(
+                id="f0",
+                features=list(sensor_names),
+                accuracy=f0_test,
+                file="f0.onnx",
+                input_dims=len(sensor_names),
+            ),
         ]
-        gate_points = [GatePoint(
-            id="f0", method="f0", p_full=1.0, regularisation=0.0, low_model="f0",
-            high_model="f0", mean_cost=full_cost, fraction_full=1.0, accuracy=f0_test,
-        )]
+        gate_points = [
+            GatePoint(
+                id="f0",
+                method="f0",
+                p_full=1.0,
+                regularisation=0.0,
+                low_model="f0",
+                high_model="f0",
+                mean_cost=full_cost,
+                fraction_full=1.0,
+                accuracy=f0_test,
+            )
+        ]
         exported: dict[str, Any] = {"f0": f0.model}
         for point in front:
             system = export_system(point.estimator)
@@ -175,20 +206,32 @@ def build_gating_bundle(
             verify_system(point.estimator, system, x_test, label=point.id)
             exported[point.id] = point.estimator
             low_id = f"{point.id}.f1"
-            models.append(_low_model(tmp, low_id, system.f1, features(system.f1.columns),
-                                     point, x_test, y_test))
+            models.append(
+                _low_model(
+                    tmp, low_id, system.f1, features(system.f1.columns), point, x_test, y_test
+                )
+            )
             gate_file = None
             if system.gate.onnx is not None:
                 gate_file = _file_name(f"{point.id}.gate.onnx")
                 (tmp / gate_file).write_bytes(system.gate.onnx)
-            gate_points.append(GatePoint(
-                id=point.id, method=point.method, p_full=point.p_full,
-                regularisation=point.regularisation, gate_file=gate_file,
-                gate_features=features(system.gate.columns),
-                gate_input_dims=len(system.gate.columns), threshold=system.gate.threshold,
-                low_model=low_id, high_model="f0", mean_cost=point.test_cost,
-                fraction_full=point.test_fraction_full, accuracy=point.test_accuracy,
-            ))
+            gate_points.append(
+                GatePoint(
+                    id=point.id,
+                    method=point.method,
+                    p_full=point.p_full,
+                    regularisation=point.regularisation,
+                    gate_file=gate_file,
+                    gate_features=features(system.gate.columns),
+                    gate_input_dims=len(system.gate.columns),
+                    threshold=system.gate.threshold,
+                    low_model=low_id,
+                    high_model="f0",
+                    mean_cost=point.test_cost,
+                    fraction_full=point.test_fraction_full,
+                    accuracy=point.test_accuracy,
+                )
+            )
         summary = [_summary(p) for p in points]
         manifest = Manifest(
             name=spec.name,
@@ -199,48 +242,66 @@ def build_gating_bundle(
             item=spec.item(),
             extractors=spec.extractors(),
             models=models,
-            strategies=[GatingStrategy(name="gating", points=gate_points,
-                                       tolerance=spec.tolerance)],
+            strategies=[
+                GatingStrategy(name="gating", points=gate_points, tolerance=spec.tolerance)
+            ],
             default_strategy="gating",
             provenance=provenance(
                 data_fingerprint or fingerprint(x, y),
                 {
-                    "label": spec.label, "sensors": spec.sensors, "costs": sensor_costs,
-                    "f0": spec.f0, "methods": spec.methods, "seed": spec.seed,
-                    "rows": {"train": len(y_train), "validation": len(y_val),
-                             "test": len(y_test)},
+                    "label": spec.label,
+                    "sensors": spec.sensors,
+                    "costs": sensor_costs,
+                    "f0": spec.f0,
+                    "methods": spec.methods,
+                    "seed": spec.seed,
+                    "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
                     "f0_accuracy": {"validation": f0_val, "test": f0_test},
                     "sweep": summary,
                 },
             ),
         )
         write_manifest(tmp, manifest)
-    return GatingBuildResult(manifest, out_dir, summary,
-                             {"validation": f0_val, "test": f0_test}, exported)
+    return GatingBuildResult(
+        manifest, out_dir, summary, {"validation": f0_val, "test": f0_test}, exported
+    )
 
 
 def _summary(p: SweepPoint) -> dict[str, Any]:
-    return {"id": p.id, "method": p.method, "p_full": p.p_full,
-            "regularisation": p.regularisation, "validation_accuracy": p.val_accuracy,
-            "validation_cost": p.val_cost, "validation_fraction_full": p.val_fraction_full,
-            "test_accuracy": p.test_accuracy, "test_cost": p.test_cost}
+    return {
+        "id": p.id,
+        "method": p.method,
+        "p_full": p.p_full,
+        "regularisation": p.regularisation,
+        "validation_accuracy": p.val_accuracy,
+        "validation_cost": p.val_cost,
+        "validation_fraction_full": p.val_fraction_full,
+        "test_accuracy": p.test_accuracy,
+        "test_cost": p.test_cost,
+    }
 
 
-def _low_model(folder: Path, model_id: str, f1: ExportedModel, features: list[str],
-               point: SweepPoint, x_val: npt.NDArray[np.float64],
-               y_val: npt.NDArray[Any]) -> ModelSpec:
+def _low_model(
+    folder: Path,
+    model_id: str,
+    f1: ExportedModel,
+    features: list[str],
+    point: SweepPoint,
+    x_val: npt.NDArray[np.float64],
+    y_val: npt.NDArray[Any],
+) -> ModelSpec:
     """f1 of an operating point as a bundle model; its accuracy is f1 alone on test rows."""
     est = point.estimator
     proba = system_outputs(est, x_val)[1]
     accuracy = float(np.mean(est.classes_[np.argmax(proba, axis=1)] == y_val))
     if f1.onnx is None:
         assert f1.prior is not None
-        return ModelSpec(id=model_id, features=[], accuracy=accuracy, prior=f1.prior,
-                         input_dims=0)
+        return ModelSpec(id=model_id, features=[], accuracy=accuracy, prior=f1.prior, input_dims=0)
     file = _file_name(f"{model_id}.onnx")
     (folder / file).write_bytes(f1.onnx)
-    return ModelSpec(id=model_id, features=features, accuracy=accuracy, file=file,
-                     input_dims=len(features))
+    return ModelSpec(
+        id=model_id, features=features, accuracy=accuracy, file=file, input_dims=len(features)
+    )
 
 
 def _verify_f0(model: bytes, fitted: Any, x: npt.NDArray[np.float64]) -> None:

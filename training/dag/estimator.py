@@ -235,8 +235,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         for s, (loss, clf) in zip(members, fitted, strict=True):
             self._losses[s] = loss
             self.classifiers_[s] = clf
-        self.oof_error_: dict[int, float] = {s: float(self._losses[s].mean())
-                                             for s in self.states_}
+        self.oof_error_: dict[int, float] = {s: float(self._losses[s].mean()) for s in self.states_}
 
         self._fit_policies(Xa)
         self.fit_seconds_ = time.perf_counter() - t0
@@ -415,7 +414,9 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
                 f"X must be 2-D with {self.n_features_in_} columns, got shape {Xa.shape}"
             )
         if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, numbers.Real) or math.isnan(budget)
+            isinstance(budget, bool)
+            or not isinstance(budget, numbers.Real)
+            or math.isnan(budget)
             or budget < 0
         ):
             raise ValueError(f"budget must be None or a number >= 0, got {budget!r}")

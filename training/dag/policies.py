@@ -227,8 +227,10 @@ def decide_nodes(nodes: Sequence[Mapping[str, Any]], x: Any) -> Any:
                 out[rows] = int(node["action"])
                 continue
             w = np.asarray(node["weights"], dtype=np.float64)
-            margin = X2[rows] @ w + float(node["bias"]) if w.size else np.full(
-                rows.size, float(node["bias"])
+            margin = (
+                X2[rows] @ w + float(node["bias"])
+                if w.size
+                else np.full(rows.size, float(node["bias"]))
             )
             node_of[rows] = np.where(margin > 0, int(node["right"]), int(node["left"]))
             nxt.append(rows)

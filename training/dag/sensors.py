@@ -101,9 +101,7 @@ def _validate_xy(
         raise ValueError("X contains NaN or infinite values; all entries must be finite")
     max_col = max(max(c) for c in columns)
     if max_col >= Xa.shape[1]:
-        raise ValueError(
-            f"sensors reference column {max_col} but X has only {Xa.shape[1]} columns"
-        )
+        raise ValueError(f"sensors reference column {max_col} but X has only {Xa.shape[1]} columns")
     classes, y_enc = np.unique(ya, return_inverse=True)
     if classes.size < 2:
         raise ValueError(f"y must hold at least 2 classes, got {classes.size}")

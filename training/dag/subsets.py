@@ -167,8 +167,8 @@ def select_subsets(
                 # Positive gains first (per unit cost); a step without gain may still start
                 # an empty subset, so that all t subsets get filled as in the paper's loop,
                 # the most accurate one on its own first.
-                rate = 0.0 if gain <= _TIE else (
-                    gain / cost_arr[m] if cost_arr[m] > 0 else math.inf
+                rate = (
+                    0.0 if gain <= _TIE else (gain / cost_arr[m] if cost_arr[m] > 0 else math.inf)
                 )
                 score = (rate, float(np.mean(c)))
                 if best is None or score > best[0]:

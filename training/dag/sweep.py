@@ -37,8 +37,9 @@ def sweep(
         raise ValueError("pass the cost scales in cost_scales, not as cost_scale=")
     base = DagClassifier(cost_scale=float(cost_scales[0]), **params).fit(X, y, executor=executor)
     first = _score_point(base, X, X_val, y_val, None)
-    rest = executor.map(_score_point, [float(cs) for cs in cost_scales[1:]],
-                        shared=(base, X, X_val, y_val))
+    rest = executor.map(
+        _score_point, [float(cs) for cs in cost_scales[1:]], shared=(base, X, X_val, y_val)
+    )
     out: list[tuple[float, DagClassifier, float, float]] = []
     for cs, (policies, spent, error) in zip(cost_scales, [first, *rest], strict=True):
         model = base if policies is None else base._with_policies(policies)

@@ -50,8 +50,9 @@ class TabularSpec:
             raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw)}")
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: "
-                             f"{sorted(cls.__dataclass_fields__)}")
+            raise ValueError(
+                f"{path}: unknown keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}"
+            )
         spec = cls(**raw)
         spec.check()
         return spec
@@ -107,23 +108,28 @@ class TabularSpec:
 
     def split(
         self, x: FloatArray, y: npt.NDArray[Any]
-    ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[Any], npt.NDArray[Any],
-               npt.NDArray[Any]]:
+    ) -> tuple[
+        FloatArray, FloatArray, FloatArray, npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]
+    ]:
         """Stratified train / validation / test rows: x_train, x_val, x_test, y_train, ..."""
         x_rest, x_test, y_rest, y_test = train_test_split(
             x, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
         )
         x_train, x_val, y_train, y_val = train_test_split(
-            x_rest, y_rest, test_size=self.validation_fraction / (1 - self.test_fraction),
-            stratify=y_rest, random_state=self.seed,
+            x_rest,
+            y_rest,
+            test_size=self.validation_fraction / (1 - self.test_fraction),
+            stratify=y_rest,
+            random_state=self.seed,
         )
         return x_train, x_val, x_test, y_train, y_val, y_test
 
 
 def tabular_item(sensors: Mapping[str, Sequence[str]]) -> ItemSpec:
     """The item spec of a tabular bundle: every sensor's columns, sensors in order."""
-    return ItemSpec(kind="tabular", columns=[c for cols in sensors.values() for c in cols],
-                    size_unit="row")
+    return ItemSpec(
+        kind="tabular", columns=[c for cols in sensors.values() for c in cols], size_unit="row"
+    )
 
 
 def sensor_extractors(
@@ -133,7 +139,10 @@ def sensor_extractors(
     constant: a row's cost does not depend on its size)."""
     return [
         ExtractorSpec(
-            name=name, plugin="sensor", version="1", dims=len(columns),
+            name=name,
+            plugin="sensor",
+            version="1",
+            dims=len(columns),
             params={"columns": list(columns)},
             cost=CostPolynomial(coefficients=[float(costs[name])], unit=unit),
         )

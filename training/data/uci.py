@@ -49,8 +49,22 @@ LETTER_SENSORS: dict[str, list[int]] = {
     "edges": [12, 13, 14, 15],  # x-ege, xegvy, y-ege, yegvx: edge counts and their correlations
 }
 LETTER_NAMES = [
-    "x-box", "y-box", "width", "high", "onpix", "x-bar", "y-bar", "x2bar", "y2bar", "xybar",
-    "x2ybr", "xy2br", "x-ege", "xegvy", "y-ege", "yegvx",
+    "x-box",
+    "y-box",
+    "width",
+    "high",
+    "onpix",
+    "x-bar",
+    "y-bar",
+    "x2bar",
+    "y2bar",
+    "xybar",
+    "x2ybr",
+    "xy2br",
+    "x-ege",
+    "xegvy",
+    "y-ege",
+    "yegvx",
 ]
 
 #: pima columns (pima-indians-diabetes.names), grouped by how a clinic obtains them.
@@ -61,8 +75,14 @@ PIMA_SENSORS: dict[str, list[int]] = {
     "insulin": [4],  # 2-hour serum insulin: lab test
 }
 PIMA_NAMES = [
-    "pregnancies", "glucose (OGTT)", "blood pressure", "skin fold", "insulin", "BMI",
-    "pedigree", "age",
+    "pregnancies",
+    "glucose (OGTT)",
+    "blood pressure",
+    "skin fold",
+    "insulin",
+    "BMI",
+    "pedigree",
+    "age",
 ]
 
 
@@ -87,9 +107,7 @@ def load_pima(root: Path = DATA, folds: int = 5) -> list[Split] | None:
     splits = []
     outer = StratifiedKFold(n_splits=folds, shuffle=True, random_state=RANDOM_STATE)
     for rest, test in outer.split(X, y):
-        tr, va = train_test_split(
-            rest, test_size=0.25, stratify=y[rest], random_state=RANDOM_STATE
-        )
+        tr, va = train_test_split(rest, test_size=0.25, stratify=y[rest], random_state=RANDOM_STATE)
         splits.append(Split(X[tr], y[tr], X[va], y[va], X[test], y[test]))
     return splits
 

@@ -34,17 +34,30 @@ def export_bank(
         fitted = model.classifiers_[state]
         if fitted is None:
             prior = np.asarray(model.prior_, dtype=np.float64)
-            out.append(ModelSpec(id=model_id, features=[], accuracy=1.0 - model.oof_error_[state],
-                                 prior=[float(p) for p in prior / prior.sum()], input_dims=0))
+            out.append(
+                ModelSpec(
+                    id=model_id,
+                    features=[],
+                    accuracy=1.0 - model.oof_error_[state],
+                    prior=[float(p) for p in prior / prior.sum()],
+                    input_dims=0,
+                )
+            )
             continue
         cols = model.state_columns(state)
         onnx_bytes = export_classifier(fitted, len(cols))
         verify_export(onnx_bytes, fitted, x_check[:, cols].astype(np.float32), model_id=model_id)
         file = f"state_{model_id.replace('+', '__')}.onnx"
         (folder / file).write_bytes(onnx_bytes)
-        out.append(ModelSpec(id=model_id, features=features,
-                             accuracy=1.0 - float(model.oof_error_[state]), file=file,
-                             input_dims=len(cols)))
+        out.append(
+            ModelSpec(
+                id=model_id,
+                features=features,
+                accuracy=1.0 - float(model.oof_error_[state]),
+                file=file,
+                input_dims=len(cols),
+            )
+        )
     return out
 
 
@@ -65,8 +78,9 @@ def export_policy(
         internal = [i for i, n in enumerate(nodes) if "action" not in n]
         index_of = {i: k for k, i in enumerate(internal)}
 
-        def child(i: int, nodes: list[dict[str, Any]] = nodes,
-                  index_of: dict[int, int] = index_of) -> int:
+        def child(
+            i: int, nodes: list[dict[str, Any]] = nodes, index_of: dict[int, int] = index_of
+        ) -> int:
             node = nodes[i]
             return -int(node["action"]) - 1 if "action" in node else index_of[i]
 
@@ -74,34 +88,48 @@ def export_policy(
         for i in internal:
             node = nodes[i]
             if node["constant"]:
-                tree.append(DagNode(left=child(node["left"]), right=child(node["right"]),
-                                    constant=float(node["bias"]) > 0))
+                tree.append(
+                    DagNode(
+                        left=child(node["left"]),
+                        right=child(node["right"]),
+                        constant=float(node["bias"]) > 0,
+                    )
+                )
                 continue
             w = np.zeros(width)
             for j, c in enumerate(cols):
                 w[global_of_column[c]] = float(node["weights"][j])
             weights.append(w)
             biases.append(float(node["bias"]))
-            tree.append(DagNode(left=child(node["left"]), right=child(node["right"]),
-                                logit=len(weights) - 1))
-        states.append(DagState(
-            groups=state,
-            model=model_id_for(model.state_sensors(state)),
-            transitions=[nxt for _, nxt, _ in model.transitions(state)],
-            tree=tree,
-        ))
+            tree.append(
+                DagNode(
+                    left=child(node["left"]), right=child(node["right"]), logit=len(weights) - 1
+                )
+            )
+        states.append(
+            DagState(
+                groups=state,
+                model=model_id_for(model.state_sensors(state)),
+                transitions=[nxt for _, nxt, _ in model.transitions(state)],
+                tree=tree,
+            )
+        )
     if not weights:  # every decision is constant: one unused logit keeps the graph valid
         weights.append(np.zeros(width))
         biases.append(0.0)
     matrix = np.stack(weights, axis=1).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["features", "W"], ["xw"]),
-         helper.make_node("Add", ["xw", "b"], ["logits"])],
+        [
+            helper.make_node("MatMul", ["features", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["logits"]),
+        ],
         "dag_policy",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, matrix.shape[1]])],
-        [numpy_helper.from_array(matrix, "W"),
-         numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b")],
+        [
+            numpy_helper.from_array(matrix, "W"),
+            numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b"),
+        ],
     )
     onx = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onx.ir_version = 8
@@ -129,7 +157,8 @@ def verify_policy(
         expected = np.asarray(model.policy_action(state, x[:, cols]))
         walked = [_walk_tree(state_spec.tree, row) for row in logits]
         bad = [
-            i for i, (action, margin) in enumerate(walked)
+            i
+            for i, (action, margin) in enumerate(walked)
             if action != expected[i] and margin > 1e-3
         ]
         if bad:

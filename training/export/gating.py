@@ -39,8 +39,13 @@ class GatingExportMismatch(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], width: int,
-           output: str, out_width: int) -> bytes:
+def _model(
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+    width: int,
+    output: str,
+    out_width: int,
+) -> bytes:
     graph = helper.make_graph(
         nodes,
         "budgetserve_gating",
@@ -180,9 +185,7 @@ def _export_lin(est: AdaptLin) -> ExportedSystem:
     f1_cols = [int(c) for c in est.f1_features_]
     gate_cols = [int(c) for c in est.gate_features_]
     if f1_cols:
-        f1 = ExportedModel(
-            linear_softmax_onnx(est.f1_coef_[f1_cols], est.f1_intercept_), f1_cols
-        )
+        f1 = ExportedModel(linear_softmax_onnx(est.f1_coef_[f1_cols], est.f1_intercept_), f1_cols)
     else:
         logits = est.f1_intercept_ - np.max(est.f1_intercept_)
         prior = np.exp(logits) / np.exp(logits).sum()
@@ -190,7 +193,8 @@ def _export_lin(est: AdaptLin) -> ExportedSystem:
     threshold = est.routing_threshold()
     if gate_cols and math.isfinite(threshold):
         gate = ExportedGate(
-            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_), gate_cols,
+            linear_score_onnx(est.gate_coef_[gate_cols], est.gate_intercept_),
+            gate_cols,
             threshold,
         )
         return ExportedSystem(gate, f1)

@@ -62,9 +62,7 @@ class FittedF0:
             folds = min(int(cv), int(np.bincount(y_idx).min()))
             if folds >= 2:
                 splitter = StratifiedKFold(folds, shuffle=True, random_state=random_state)
-                proba = cross_val_predict(
-                    clone(f0), Xa, y_idx, cv=splitter, method="predict_proba"
-                )
+                proba = cross_val_predict(clone(f0), Xa, y_idx, cv=splitter, method="predict_proba")
         if proba is None:
             if cv is not None:
                 warnings.warn(

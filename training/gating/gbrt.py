@@ -80,9 +80,7 @@ def default_gbrt_f0(random_state: int | None = 0) -> Any:
 
 def _entropy(q: FloatArray) -> FloatArray:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return -(
-            np.where(q > 0, q * np.log(q), 0.0) + np.where(q < 1, (1 - q) * np.log1p(-q), 0.0)
-        )
+        return -(np.where(q > 0, q * np.log(q), 0.0) + np.where(q < 1, (1 - q) * np.log1p(-q), 0.0))
 
 
 class AdaptGbrt(_GatedClassifier):
@@ -294,7 +292,6 @@ class AdaptGbrt(_GatedClassifier):
         if self.gate_booster_ is None:
             return np.full(Xa.shape[0], -np.inf)
         return np.asarray(self.gate_booster_.predict(Xa, raw_score=True), dtype=np.float64)
-
 
 
 def greedy_miser(lam: float = 0.001, **kwargs: Any) -> AdaptGbrt:

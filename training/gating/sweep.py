@@ -68,13 +68,17 @@ def default_grid(methods: Iterable[str] = METHODS) -> list[Config]:
     grid: list[Config] = []
     for method in methods:
         if method == "adapt-gbrt":
-            grid += [Config(method, p, lam) for p in (0.1, 0.3, 0.5)
-                     for lam in (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)]
+            grid += [
+                Config(method, p, lam)
+                for p in (0.1, 0.3, 0.5)
+                for lam in (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+            ]
         elif method == "greedymiser":
             grid += [Config(method, 0.0, lam) for lam in (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)]
         elif method == "adapt-lin":
-            grid += [Config(method, p, g) for p in (0.2, 0.4, 0.6)
-                     for g in (0.003, 0.01, 0.03, 0.1)]
+            grid += [
+                Config(method, p, g) for p in (0.2, 0.4, 0.6) for g in (0.003, 0.01, 0.03, 0.1)
+            ]
         elif method == "l1":  # regularisation = C; the gate threshold is swept after the fit
             grid += [Config(method, 0.0, c) for c in (0.003, 0.01, 0.03, 0.1, 1.0)]
         else:
@@ -101,22 +105,38 @@ def fit_config(
     (e.g. ``n_rounds``, ``num_leaves``) go to ADAPT-GBRT and GreedyMiser."""
     if config.method in ("adapt-gbrt", "greedymiser"):
         p_full = 0.0 if config.method == "greedymiser" else config.p_full  # by definition
-        return AdaptGbrt(p_full=p_full, lam=config.regularisation, feature_costs=costs,
-                         f0=f0, random_state=random_state, **dict(gbrt_params or {})).fit(X, y)
+        return AdaptGbrt(
+            p_full=p_full,
+            lam=config.regularisation,
+            feature_costs=costs,
+            f0=f0,
+            random_state=random_state,
+            **dict(gbrt_params or {}),
+        ).fit(X, y)
     if config.method == "adapt-lin":
-        return AdaptLin(p_full=config.p_full, gamma=config.regularisation, feature_costs=costs,
-                        f0=f0, n_init=2, standardize=standardize,
-                        random_state=random_state).fit(X, y)
+        return AdaptLin(
+            p_full=config.p_full,
+            gamma=config.regularisation,
+            feature_costs=costs,
+            f0=f0,
+            n_init=2,
+            standardize=standardize,
+            random_state=random_state,
+        ).fit(X, y)
     if config.method == "l1":
-        return L1Baseline(C=config.regularisation, feature_costs=costs, f0=f0,
-                          random_state=random_state).fit(X, y)
+        return L1Baseline(
+            C=config.regularisation, feature_costs=costs, f0=f0, random_state=random_state
+        ).fit(X, y)
     raise ValueError(f"unknown gating method {config.method!r}; known: {list(METHODS)}")
 
 
 def _score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float, float]:
     routed = est.route(X)
-    return (float(np.mean(est.predict(X) == y)), float(np.mean(est.feature_cost(X))),
-            float(np.mean(routed)))
+    return (
+        float(np.mean(est.predict(X) == y)),
+        float(np.mean(est.feature_cost(X))),
+        float(np.mean(routed)),
+    )
 
 
 def _fit_task(
@@ -131,8 +151,16 @@ def _fit_task(
 ) -> Gated:
     """One configuration, where the executor runs it. The shared f0 is detached from the
     result (it would travel back once per configuration) and re-attached by :func:`sweep`."""
-    est = fit_config(config, X, y, costs=costs, f0=f0, standardize=standardize,
-                     gbrt_params=gbrt_params, random_state=random_state)
+    est = fit_config(
+        config,
+        X,
+        y,
+        costs=costs,
+        f0=f0,
+        standardize=standardize,
+        gbrt_params=gbrt_params,
+        random_state=random_state,
+    )
     if getattr(est, "f0_", None) is f0.model:
         est.f0_ = None
         est.f0_detached_ = True
@@ -158,8 +186,9 @@ def sweep(
     """Fit every configuration (the fits run on ``executor``: inline, joblib or Ray; the
     data and f0 are shared once) and score it (L1: one point per gate threshold; ADAPT-LIN and
     ADAPT-GBRT: one per routing rule)."""
-    fitted = executor.map(_fit_task, list(grid),
-                          shared=(X, y, costs, f0, standardize, gbrt_params, random_state))
+    fitted = executor.map(
+        _fit_task, list(grid), shared=(X, y, costs, f0, standardize, gbrt_params, random_state)
+    )
     points: list[SweepPoint] = []
     for config, est in zip(grid, fitted, strict=True):
         if getattr(est, "f0_detached_", False):
@@ -172,8 +201,16 @@ def sweep(
             variants = [(_with(est, route_rule=rule), {"rule": rule}) for rule in ROUTE_RULES]
         for variant, extra in variants:
             acc, cost, frac = _score(variant, X_val, y_val)
-            point = SweepPoint(config.method, config.p_full, config.regularisation, variant,
-                               acc, cost, frac, params=extra)
+            point = SweepPoint(
+                config.method,
+                config.p_full,
+                config.regularisation,
+                variant,
+                acc,
+                cost,
+                frac,
+                params=extra,
+            )
             if X_test is not None and y_test is not None:
                 point.test_accuracy, point.test_cost, point.test_fraction_full = _score(
                     variant, X_test, y_test

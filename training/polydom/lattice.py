@@ -78,6 +78,7 @@ def prefetcher(evaluate: Evaluate) -> Callable[[Sequence[int]], None]:
         return evaluate.prefetch
     return lambda masks: None
 
+
 #: Largest lattice the DP tables are sized for (2^m floats each).
 MAX_FEATURES = 22
 

@@ -51,7 +51,10 @@ def test_manifest_declares_sensors_and_policies(router_dir: Path) -> None:
     m = read_manifest(router_dir)
     assert m.cost_basis == "declared" and m.cost_unit == "units"
     assert [(e.name, e.plugin, e.cost(1)) for e in m.extractors] == [
-        ("r", "sensor", 1.0), ("a", "sensor", 5.0), ("b", "sensor", 5.0)]
+        ("r", "sensor", 1.0),
+        ("a", "sensor", 5.0),
+        ("b", "sensor", 5.0),
+    ]
     [dag] = m.strategies
     assert dag.kind == "dag" and len(dag.policies) == 3
     assert all((router_dir / p.file).is_file() for p in dag.policies)
@@ -61,8 +64,9 @@ def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestCl
     x, y = make_router_data(200, seed=9)
     right, routed, costs = 0, 0, []
     for i, (row, label) in enumerate(zip(x, y, strict=True)):
-        r = client.post("/predict", json={"model": "router", "item": _item(row, f"r{i}"),
-                                          "budget": 6.0})
+        r = client.post(
+            "/predict", json={"model": "router", "item": _item(row, f"r{i}"), "budget": 6.0}
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["strategy"] == "dag" and body["cost"]["unit"] == "units"
@@ -70,8 +74,9 @@ def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestCl
         assert path[0] == [] and path[1] == ["r"], path
         expected = "a" if row[0] > 0 else "b"
         routed += len(path) == 3 and set(path[2]) == {"r", expected}
-        assert body["cost"]["spent"] == pytest.approx(sum(
-            {"r": 1.0, "a": 5.0, "b": 5.0}[s] for s in body["cost"]["extracted"]))
+        assert body["cost"]["spent"] == pytest.approx(
+            sum({"r": 1.0, "a": 5.0, "b": 5.0}[s] for s in body["cost"]["extracted"])
+        )
         assert body["cost"]["spent"] <= 6.0
         costs.append(body["cost"]["spent"])
         right += body["prediction"] == str(label)
@@ -84,8 +89,9 @@ def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestCl
 def test_budget_is_a_hard_cap(client: TestClient, budget: float) -> None:
     x, _ = make_router_data(40, seed=3)
     for row in x:
-        body = client.post("/predict", json={"model": "router", "item": _item(row),
-                                             "budget": budget}).json()
+        body = client.post(
+            "/predict", json={"model": "router", "item": _item(row), "budget": budget}
+        ).json()
         assert body["cost"]["spent"] <= budget
         assert body["deadline_exceeded"] is False
         assert set(body["features"]) <= set(body["cost"]["extracted"])
@@ -103,8 +109,9 @@ def test_cached_sensors_are_free(client: TestClient) -> None:
 
 
 def test_tabular_bad_input_is_a_422(client: TestClient) -> None:
-    r = client.post("/predict", json={"model": "router", "budget": 6.0,
-                                      "item": {"values": {"r": 1.0}}})
+    r = client.post(
+        "/predict", json={"model": "router", "budget": 6.0, "item": {"values": {"r": 1.0}}}
+    )
     assert r.status_code == 422
     assert "a1" in r.json()["error"]["message"]
 
@@ -118,18 +125,33 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
     lines = [",".join([*COLUMNS, "label"])]
     lines += [",".join([*map(str, row), str(label)]) for row, label in zip(x, y, strict=True)]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
-    spec: dict[str, Any] = {"name": "router2", "label": "label", "sensors": SPEC.sensors,
-            "costs": SPEC.costs, "cost_scales": [0.03]}
+    spec: dict[str, Any] = {
+        "name": "router2",
+        "label": "label",
+        "sensors": SPEC.sensors,
+        "costs": SPEC.costs,
+        "cost_scales": [0.03],
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
-                                      str(tmp_path / "spec.json"), "--out",
-                                      str(tmp_path / "router2")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "dag",
+            "--csv",
+            str(tmp_path / "data.csv"),
+            "--spec",
+            str(tmp_path / "spec.json"),
+            "--out",
+            str(tmp_path / "router2"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "router2").name == "router2"
     bad = {**spec, "sensors": {**SPEC.sensors, "r": ["r", "nope"]}}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    result = CliRunner().invoke(app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec",
-                                      str(tmp_path / "bad.json")])
+    result = CliRunner().invoke(
+        app, ["dag", "--csv", str(tmp_path / "data.csv"), "--spec", str(tmp_path / "bad.json")]
+    )
     assert result.exit_code != 0 and "nope" in result.output
 
 
@@ -141,16 +163,20 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:  # typ
     return result.path, result.models
 
 
-def _serve_walk(bundle, policy_index: int, row: np.ndarray, budget: float,  # type: ignore[no-untyped-def]
-                in_hand: dict | None = None):  # type: ignore[type-arg]
+def _serve_walk(  # type: ignore[no-untyped-def]
+    bundle,
+    policy_index: int,
+    row: np.ndarray,
+    budget: float,
+    in_hand: dict | None = None,  # type: ignore[type-arg]
+):
     """Walk the served runtime with one operating point pinned, real sensor values."""
     from service.strategies.base import Acquire, Observation
     from service.strategies.dag import DagSession
 
     runtime = bundle.runtimes["dag"]
     per_feature = bundle.costs.at(1)
-    policy = next(p for p in runtime.policies
-                  if p.spec.file == f"policy_{policy_index}.onnx")
+    policy = next(p for p in runtime.policies if p.spec.file == f"policy_{policy_index}.onnx")
     session = DagSession(runtime, policy, per_feature)
     item = dict(zip(COLUMNS, map(float, row), strict=True))
     features = dict(in_hand or {})
@@ -177,9 +203,13 @@ def test_served_walk_equals_the_trained_policy(built: tuple[Path, list]) -> None
                 assert served_cost == pytest.approx(cost)
                 assert set(served_path[-1]) == set(model.state_sensors(int(state)))
                 probs = bundle.models[answer].predict_proba(
-                    {s: bundle.extractors[s].extract(dict(zip(COLUMNS, map(float, row),
-                                                              strict=True)))
-                     for s in bundle.runtimes["dag"].model_features[answer]})
+                    {
+                        s: bundle.extractors[s].extract(
+                            dict(zip(COLUMNS, map(float, row), strict=True))
+                        )
+                        for s in bundle.runtimes["dag"].model_features[answer]
+                    }
+                )
                 assert bundle.manifest.classes[int(np.argmax(probs))] == str(p)
 
 
@@ -190,8 +220,9 @@ def test_hard_cap_cuts_walks_that_would_overspend(built: tuple[Path, list]) -> N
     bundle = load_bundle(path, 1)
     dag = bundle.manifest.strategies[0]
     assert isinstance(dag, DagStrategy)
-    routing = next(i for i, m in enumerate(dag.policies)
-                   if 5.0 < m.mean_cost < 7.0)  # the operating point that buys r then a or b
+    routing = next(
+        i for i, m in enumerate(dag.policies) if 5.0 < m.mean_cost < 7.0
+    )  # the operating point that buys r then a or b
     x, _ = make_router_data(60, seed=10)
     cut = 0
     for row in x:
@@ -225,15 +256,19 @@ def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
     root = next(s for s in policy["states"] if s["groups"] == 0)
     assert root["transitions"], "the root of this policy can acquire"
     looped = json.loads(json.dumps(raw))
-    next(s for s in looped["strategies"][0]["policies"][-1]["states"]
-         if s["groups"] == 0)["transitions"][0] = 0  # the root acquiring into itself
+    next(s for s in looped["strategies"][0]["policies"][-1]["states"] if s["groups"] == 0)[
+        "transitions"
+    ][0] = 0  # the root acquiring into itself
     with pytest.raises(ValidationError, match="strictly larger"):
         Manifest.model_validate(looped)
     state = next((s for s in policy["states"] if len(s["tree"]) >= 2), None)
     assert state is not None, "this policy has a state with a multi-node filter tree"
     cyclic = json.loads(json.dumps(raw))
-    target = next(s for s in cyclic["strategies"][0]["policies"][-1]["states"]
-                  if s["groups"] == state["groups"])
+    target = next(
+        s
+        for s in cyclic["strategies"][0]["policies"][-1]["states"]
+        if s["groups"] == state["groups"]
+    )
     target["tree"][1]["left"] = 0  # a node pointing back to the root
     with pytest.raises(ValidationError, match="out of range"):
         Manifest.model_validate(cyclic)

@@ -212,8 +212,11 @@ def _fit(**kw: Any) -> DagClassifier:
         ({"subset_budget": 3.0}, "requires n_subsets"),
         ({"n_subsets": 2, "subset_budget": 0.0}, "subset_budget must be a finite number > 0"),
         (
-            {"sensors": {f"s{i}": [i] for i in range(9)}, "costs": None,
-             "data": (np.zeros((20, 9)), np.arange(20) % 2)},
+            {
+                "sensors": {f"s{i}": [i] for i in range(9)},
+                "costs": None,
+                "data": (np.zeros((20, 9)), np.arange(20) % 2),
+            },
             "at most 8 sensors, got 9; pass n_subsets",
         ),
         ({"data": (np.zeros((10, 5)), np.zeros(10))}, "at least 2 classes, got 1"),

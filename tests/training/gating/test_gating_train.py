@@ -29,8 +29,15 @@ from training.gating.sweep import Config, pareto, sweep
 
 
 def _data(n_classes: int, n: int = 900, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    X, y = make_classification(n, 8, n_informative=5, n_redundant=1, n_classes=n_classes,
-                               n_clusters_per_class=1, random_state=seed)
+    X, y = make_classification(
+        n,
+        8,
+        n_informative=5,
+        n_redundant=1,
+        n_classes=n_classes,
+        n_clusters_per_class=1,
+        random_state=seed,
+    )
     return X, np.asarray(["abcd"[i] for i in y])
 
 
@@ -49,8 +56,9 @@ def test_adapt_gbrt_respects_p_full_and_reports_consistent_costs(
 ) -> None:
     X, y, f0 = multiclass
     costs = np.arange(1.0, 9.0)
-    m = AdaptGbrt(p_full=0.3, lam=0.003, feature_costs=costs, f0=f0, n_rounds=4,
-                  route_rule="expected").fit(X[:600], y[:600])
+    m = AdaptGbrt(
+        p_full=0.3, lam=0.003, feature_costs=costs, f0=f0, n_rounds=4, route_rule="expected"
+    ).fit(X[:600], y[:600])
     assert m.q_.mean() <= 0.3 + 1e-9
     # "expected" routes the training fraction mean(q); the paper's g > 0 may route fewer
     assert m.route(X[:600]).mean() == pytest.approx(m.q_.mean(), abs=0.01)
@@ -116,10 +124,23 @@ def test_fitted_f0_must_match_the_rows(multiclass: tuple[np.ndarray, np.ndarray,
 def test_every_method_exports_and_the_export_reproduces_the_fit(n_classes: int) -> None:
     X, y = _data(n_classes)
     f0 = FittedF0.fit(_small_f0(), X[:600], y[:600])
-    grid = [Config("adapt-gbrt", 0.3, 0.003), Config("greedymiser", 0.0, 0.01),
-            Config("adapt-lin", 0.3, 0.01), Config("l1", 0.0, 0.1)]
-    points = sweep(X[:600], y[:600], X[600:750], y[600:750], costs=np.ones(8), f0=f0,
-                   grid=grid, X_test=X[750:], y_test=y[750:])
+    grid = [
+        Config("adapt-gbrt", 0.3, 0.003),
+        Config("greedymiser", 0.0, 0.01),
+        Config("adapt-lin", 0.3, 0.01),
+        Config("l1", 0.0, 0.1),
+    ]
+    points = sweep(
+        X[:600],
+        y[:600],
+        X[600:750],
+        y[600:750],
+        costs=np.ones(8),
+        f0=f0,
+        grid=grid,
+        X_test=X[750:],
+        y_test=y[750:],
+    )
     assert {p.method for p in points} == {"adapt-gbrt", "greedymiser", "adapt-lin", "l1"}
     for point in points:
         system = export_system(point.estimator)
@@ -144,9 +165,7 @@ def test_a_tampered_export_is_caught(multiclass: tuple[np.ndarray, np.ndarray, F
     assert system.f1.onnx is not None
     # the same trees wired to the wrong columns must not pass verification
     swapped = [cols[1], cols[0], *cols[2:]]
-    system.f1 = ExportedModel(
-        select_columns(lightgbm_onnx(m.f1_booster_, 8), cols, 8), swapped
-    )
+    system.f1 = ExportedModel(select_columns(lightgbm_onnx(m.f1_booster_, 8), cols, 8), swapped)
     with pytest.raises(GatingExportMismatch, match="f1 ONNX differs"):
         verify_system(m, system, X[600:], label="tampered")
 
@@ -155,8 +174,15 @@ def test_pareto_keeps_only_undominated_points(
     multiclass: tuple[np.ndarray, np.ndarray, FittedF0],
 ) -> None:
     X, y, f0 = multiclass
-    points = sweep(X[:600], y[:600], X[600:], y[600:], costs=np.ones(8), f0=f0,
-                   grid=[Config("l1", 0.0, c) for c in (0.01, 0.1, 1.0)])
+    points = sweep(
+        X[:600],
+        y[:600],
+        X[600:],
+        y[600:],
+        costs=np.ones(8),
+        f0=f0,
+        grid=[Config("l1", 0.0, c) for c in (0.01, 0.1, 1.0)],
+    )
     front = pareto(points)
     assert front and len(front) <= len(points)
     for a, b in itertools.pairwise(front):
@@ -169,8 +195,9 @@ def test_pareto_keeps_only_undominated_points(
 def _write_csv(path: Path, X: np.ndarray, y: np.ndarray) -> list[str]:
     cols = [f"f{i}" for i in range(X.shape[1])]
     lines = [",".join([*cols, "label"])]
-    lines += [",".join([*(f"{v:.6g}" for v in row), str(lab)])
-              for row, lab in zip(X, y, strict=True)]
+    lines += [
+        ",".join([*(f"{v:.6g}" for v in row), str(lab)]) for row, lab in zip(X, y, strict=True)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return cols
 
@@ -183,16 +210,30 @@ def test_cli_builds_a_valid_gating_bundle(tmp_path: Path) -> None:
     X, y = _data(3, n=700, seed=1)
     cols = _write_csv(tmp_path / "data.csv", X, y)
     spec = {
-        "name": "toy-gating", "label": "label", "sensors": cols,
+        "name": "toy-gating",
+        "label": "label",
+        "sensors": cols,
         "costs": {c: float(i + 1) for i, c in enumerate(cols)},
-        "grid": [{"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.003},
-                 {"method": "greedymiser", "p_full": 0.0, "regularisation": 0.01},
-                 {"method": "l1", "p_full": 0.0, "regularisation": 0.1}],
+        "grid": [
+            {"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.003},
+            {"method": "greedymiser", "p_full": 0.0, "regularisation": 0.01},
+            {"method": "l1", "p_full": 0.0, "regularisation": 0.1},
+        ],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "bundle"
-    result = CliRunner().invoke(app, ["gating", "--csv", str(tmp_path / "data.csv"),
-                                      "--spec", str(tmp_path / "spec.json"), "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "gating",
+            "--csv",
+            str(tmp_path / "data.csv"),
+            "--spec",
+            str(tmp_path / "spec.json"),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
     # readable by a service running as another user (the image mounts bundles read-only)
@@ -242,8 +283,10 @@ def test_adapt_lin_and_l1_on_synthetic_knn_f0_export_round_trip() -> None:
 
     data = make_synthetic2(50, seed=2)
     Xs = data.X * np.array([10.0, 0.1]) + np.array([5.0, -3.0])  # unequal scales and offsets
-    for est in (AdaptLin(p_full=0.5, gamma=0.02, f0=KNeighborsClassifier(3)),
-                L1Baseline(C=1.0, f0=KNeighborsClassifier(3))):
+    for est in (
+        AdaptLin(p_full=0.5, gamma=0.02, f0=KNeighborsClassifier(3)),
+        L1Baseline(C=1.0, f0=KNeighborsClassifier(3)),
+    ):
         est.fit(Xs, data.y)
         system = export_system(est)
         assert verify_system(est, system, Xs, label=type(est).__name__) <= 1e-4
@@ -254,8 +297,12 @@ def test_a_system_that_buys_no_feature_exports_as_a_prior(tmp_path: Path) -> Non
     gate as no gate (or the point is dropped when the constant gate sends everything to f0)."""
     X, y = _data(2, n=400, seed=3)
     cols = [f"f{i}" for i in range(8)]
-    spec = GatingSpec(name="only-f0", label="label", sensors=list(cols),  # type: ignore[arg-type]
-                      grid=[{"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 1e6}])
+    spec = GatingSpec(
+        name="only-f0",
+        label="label",
+        sensors=list(cols),  # type: ignore[arg-type]
+        grid=[{"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 1e6}],
+    )
     result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)
     strategy = result.manifest.strategy()
     assert isinstance(strategy, GatingStrategy)
@@ -283,10 +330,15 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
     cols = [f"f{i}" for i in range(8)]
     costs = {c: float(i + 1) for i, c in enumerate(cols)}
     spec = GatingSpec(
-        name="served", label="label", sensors=list(cols), costs=costs,  # type: ignore[arg-type]
-        grid=[{"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.003},
-              {"method": "adapt-lin", "p_full": 0.3, "regularisation": 0.01},
-              {"method": "l1", "p_full": 0.0, "regularisation": 0.1}],
+        name="served",
+        label="label",
+        sensors=list(cols),  # type: ignore[arg-type]
+        costs=costs,
+        grid=[
+            {"method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.003},
+            {"method": "adapt-lin", "p_full": 0.3, "regularisation": 0.01},
+            {"method": "l1", "p_full": 0.0, "regularisation": 0.1},
+        ],
         pareto=False,  # every configuration, so both routing rules and both branches are served
     )
     out = tmp_path / "served"
@@ -294,8 +346,9 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
     manifest = result.manifest
     strategy = manifest.strategy()
     assert isinstance(strategy, GatingStrategy) and len(strategy.points) >= 3
-    pinned = [strategy.model_copy(update={"name": f"only-{p.id}", "points": [p]})
-              for p in strategy.points]
+    pinned = [
+        strategy.model_copy(update={"name": f"only-{p.id}", "points": [p]}) for p in strategy.points
+    ]
     write_manifest(out, manifest.model_copy(update={"strategies": [strategy, *pinned]}))
     full = sum(costs.values())
     rows = X[:40]
@@ -313,9 +366,15 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
                 expected_route = est.route(rows)
                 expected_cost = est.feature_cost(rows)  # its own account, in the same costs
             for i, row in enumerate(rows):
-                body = {"model": "served", "strategy": f"only-{point.id}", "budget": full + 1,
-                        "item": {"id": f"{point.id}/{i}",  # a fresh id: nothing cached
-                                 "values": dict(zip(cols, map(float, row), strict=True))}}
+                body = {
+                    "model": "served",
+                    "strategy": f"only-{point.id}",
+                    "budget": full + 1,
+                    "item": {
+                        "id": f"{point.id}/{i}",  # a fresh id: nothing cached
+                        "values": dict(zip(cols, map(float, row), strict=True)),
+                    },
+                }
                 r = client.post("/predict", json=body)
                 assert r.status_code == 200, r.text
                 answer = r.json()
@@ -337,8 +396,9 @@ def test_export_check_forgives_a_float32_threshold_collision_but_not_a_wrong_exp
     assert tolerant_deviation(got, expected, "f1") == pytest.approx(1e-6)
     many = int(1000 * FLOAT32_FLIPS) + 1
     got[:many] = expected[:many][:, ::-1]
-    with pytest.raises(GatingExportMismatch,
-                       match=rf"on {many + 1} of 1000 check rows \(allowed: 2,"):
+    with pytest.raises(
+        GatingExportMismatch, match=rf"on {many + 1} of 1000 check rows \(allowed: 2,"
+    ):
         tolerant_deviation(got, expected, "f1")
     with pytest.raises(GatingExportMismatch, match="shape"):
         tolerant_deviation(got[:, :2], expected, "f1")
@@ -350,9 +410,16 @@ def test_non_finite_gate_thresholds_cannot_be_written() -> None:
     from service.bundle import GatePoint
 
     base: dict[str, Any] = {
-            "id": "p", "method": "adapt-gbrt", "p_full": 0.3, "regularisation": 0.01,
-            "low_model": "a", "high_model": "b", "mean_cost": 1.0, "fraction_full": 0.1,
-            "accuracy": 0.9}
+        "id": "p",
+        "method": "adapt-gbrt",
+        "p_full": 0.3,
+        "regularisation": 0.01,
+        "low_model": "a",
+        "high_model": "b",
+        "mean_cost": 1.0,
+        "fraction_full": 0.1,
+        "accuracy": 0.9,
+    }
     for bad in (float("inf"), float("nan")):
         with pytest.raises(ValidationError, match="finite number"):
             GatePoint(**base, threshold=bad)
@@ -372,9 +439,13 @@ def test_points_that_f0_dominates_are_not_exported(tmp_path: Path) -> None:
     validation, f0 alone dominates it and it is left out."""
     X, y = _data(2, n=500, seed=5)
     cols = [f"f{i}" for i in range(8)]
-    spec = GatingSpec(name="dom", label="label", sensors=list(cols),  # type: ignore[arg-type]
-                      grid=[{"method": "greedymiser", "p_full": 0.0, "regularisation": 0.0}],
-                      pareto=False)
+    spec = GatingSpec(
+        name="dom",
+        label="label",
+        sensors=list(cols),  # type: ignore[arg-type]
+        grid=[{"method": "greedymiser", "p_full": 0.0, "regularisation": 0.0}],
+        pareto=False,
+    )
     result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)
     [swept] = result.points
     f0_val = result.f0_accuracy["validation"]
@@ -392,8 +463,13 @@ def test_points_that_f0_dominates_are_not_exported(tmp_path: Path) -> None:
 def test_other_f0_kinds_export_and_verify(tmp_path: Path, f0: str) -> None:
     X, y = _data(3, n=400, seed=6)
     cols = [f"f{i}" for i in range(8)]
-    spec = GatingSpec(name="kinds", label="label", sensors=list(cols),  # type: ignore[arg-type]
-                      f0=f0, grid=[{"method": "l1", "p_full": 0.0, "regularisation": 0.1}])
+    spec = GatingSpec(
+        name="kinds",
+        label="label",
+        sensors=list(cols),  # type: ignore[arg-type]
+        f0=f0,
+        grid=[{"method": "l1", "p_full": 0.0, "regularisation": 0.1}],
+    )
     result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)  # verifies every export
     assert (tmp_path / "b" / "f0.onnx").is_file()
     assert result.manifest.model("f0").accuracy > 0.6

@@ -76,8 +76,10 @@ def test_digits_index_within_epsilon_of_brute_force(
     assert len(called) == model.stats_.expansions
     if epsilon >= 0.05:
         assert len(called) < (1 << m) // 2, "with ε = 0.05 Poly-Dom must prune the lattice"
-    print(f"digits eps={epsilon} delta={delta:.4f}: {len(called)} of {1 << m} sets expanded "
-          f"({(1 << m) / len(called):.2f}x fewer), {len(model.candidates_)} candidates")
+    print(
+        f"digits eps={epsilon} delta={delta:.4f}: {len(called)} of {1 << m} sets expanded "
+        f"({(1 << m) / len(called):.2f}x fewer), {len(model.candidates_)} candidates"
+    )
 
 
 def test_shipped_digits_index_is_within_epsilon_of_its_expanded_sets(
