@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.sources import SensorSources
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BUDGETSERVE_", extra="ignore")
@@ -102,6 +104,14 @@ class Settings(BaseSettings):
     )
     calibration_min_samples: int = Field(
         default=30, ge=1, description="samples a bucket needs before its correction is used"
+    )
+
+    sensor_sources: SensorSources = Field(
+        default_factory=dict,
+        description="JSON: per bundle, per sensor ('*': every sensor), the acquirer that "
+        'fetches the values a request did not send, e.g. {"pima": {"*": {"plugin": '
+        '"redis_hash", "url": "redis://127.0.0.1:6379/0", "key": "patient:{id}"}}} '
+        "(docs/operating.md#sensor-sources)",
     )
 
     @model_validator(mode="after")

@@ -129,7 +129,14 @@ class DagSession(Session):
             self.visited.append(self.state)
 
     def fallback(self, obs: Observation) -> Answer:
-        return self._answer()
+        """The current state's classifier, or a more accurate model computable from the
+        features in hand (values the client sent may lie outside the walk's state)."""
+        answer = self._answer()
+        best = self.runtime.best_computable(set(obs.features))
+        if self.runtime.accuracy[best] > self.runtime.accuracy[answer.model]:
+            self.expected_accuracy = None  # the policy's estimate no longer applies
+            return Answer(best)
+        return answer
 
     def path(self) -> list[list[str]]:
         return [self.runtime.state_features(s) for s in self.visited]
