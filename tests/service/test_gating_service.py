@@ -38,6 +38,8 @@ from tests.support.gating_bundle import (
 )
 from tests.support.sensor_store import SensorStore, StoreClient
 
+pytestmark = pytest.mark.redis  # rows are acquired from a real Redis
+
 
 @pytest.fixture(scope="module")
 def store(redis_url: str) -> SensorStore:

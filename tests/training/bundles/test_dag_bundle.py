@@ -28,6 +28,8 @@ SPEC = DagSpec(
     cost_scales=[0.0, 0.03, 0.3],
 )
 
+pytestmark = pytest.mark.redis  # rows are acquired from a real Redis
+
 
 @pytest.fixture(scope="module")
 def router_dir(router_bundle_dir: Path) -> Path:
