@@ -61,7 +61,7 @@ class PredictHandler:
     (503). A request with measured (ms) costs waits at most its budget, and not at all when
     the expected wait is longer than its budget: it then answers at once from what it has
     (cached features, or the prior), so small requests never wait behind big ones. The wait
-    is reported as ``cost.queued`` and not charged to the budget."""
+    is reported as ``timings_ms.queued`` and not charged to the budget."""
 
     def __init__(
         self,

@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         ge=0,
         description="requests extracting at once per process (0: one per CPU); others queue "
         "(at most BUDGETSERVE_MAX_QUEUED, each for at most its budget), and the wait is "
-        "reported as cost.queued, not charged to the budget",
+        "reported as timings_ms.queued, not charged to the budget",
     )
     calibration: bool = Field(
         default=True,
