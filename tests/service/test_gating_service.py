@@ -410,3 +410,37 @@ def test_invalid_gating_manifests_are_rejected(
     point[field] = value
     with pytest.raises(ValidationError, match=re.escape(message)):
         Manifest.model_validate(raw)
+
+
+def test_partial_items_without_a_source_name_the_feature_the_gate_wants(
+    gating_bundle_dir: Path, manifest: Manifest
+) -> None:
+    """g's and f1's values sent, no sensor source: the gate runs on what was sent; an item it
+    routes to f0 is answered by f1 and names f0's first missing feature as next_sensor."""
+    x, _ = make_gating_data(60, seed=17)
+    scores = gate_scores(x)
+    [point] = points_of(manifest, "gate-0")
+    app = create_app(Settings(models_dir=gating_bundle_dir.parent), cache=InProcessCache(1 << 20))
+    routed_count = 0
+    with TestClient(app) as c:
+        for row, score in zip(x, scores, strict=True):
+            values = {"a1": float(row[0]), "g1": float(row[1])}
+            r = c.post(
+                "/predict",
+                json={
+                    "model": "gating",
+                    "strategy": "gate-0",
+                    "budget": 100.0,
+                    "item": {"values": values},
+                },
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            routed = bool(score > point.threshold)
+            routed_count += routed
+            assert body["answered_by"] == LOW and body["decision"]["sent_to_high"] is routed
+            assert sorted(body["cost"]["given"]) == ["a", "g"] and body["cost"]["spent"] == 0.0
+            assert body["next_sensor"] == ("b" if routed else None)
+            if routed:
+                assert "BUDGETSERVE_SENSOR_SOURCES" in body["unavailable"]["b"]
+    assert 0 < routed_count < len(x)
