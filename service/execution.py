@@ -154,7 +154,8 @@ class DeclaredCost:
 class SessionRun:
     """What :func:`run_session` produced: the answer, how it was reached and what was
     acquired. ``acquired``, ``charged`` and ``acquire_ms`` are in acquisition order:
-    the vectors, the cost each was charged and the wall time each took. ``unavailable``:
+    the vectors, the cost each was charged and the wall time each took (``acquire_ms`` also
+    holds the time of a failed acquisition, which is not charged). ``unavailable``:
     the feature the session asked for that could not be had (``FeatureUnavailable``) and
     why; the session's fallback then answered, and that feature is the one to collect next.
     """
@@ -261,6 +262,8 @@ def run_session(
         try:
             vector = source.acquire(feature)
         except FeatureUnavailable as exc:
+            # Its time is reported (timings), not charged: nothing was acquired.
+            acquire_ms[feature] = (time.perf_counter() - t0) * 1000.0
             answer = session.fallback(
                 Observation(size=size, budget=plan_budget, spent=meter.spent(), features=features)
             )

@@ -120,6 +120,11 @@ def test_items_with_only_an_id_are_acquired_from_redis_and_a_down_redis_is_no_50
             assert body["next_sensor"] == _routed_to(row), body
             # r alone says where the label is, not what it is: r's model or the prior answers.
             assert set(body["features"]) <= {"r"}
+        sources = {
+            e["name"]: e["source"] for e in client.get("/models/router").json()["extractors"]
+        }
+        redis_hash = {"plugin": "redis_hash", "charge": "declared"}
+        assert sources == {"r": redis_hash, "a": redis_hash, "b": redis_hash}
         metrics = client.get("/metrics").text
         assert 'budgetserve_sensor_unavailable_total{model="router",sensor="r"} 20.0' in metrics
 
@@ -161,6 +166,8 @@ def test_without_an_acquirer_the_answer_names_the_sensor_to_collect(
 ) -> None:
     x, _ = make_router_data(30, seed=24)
     with _client(router_bundle_dir) as client:
+        detail = client.get("/models/router").json()
+        assert {e["source"]["plugin"] for e in detail["extractors"]} == {"sensor"}
         empty: list[dict[str, Any]] = [{}, {"id": "p-1"}, {"values": {}}]
         for item in empty:
             body = _predict(client, item)
