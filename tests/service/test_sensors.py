@@ -328,3 +328,27 @@ def test_sources_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     source = Settings().sensor_sources["pima"]["*"]
     assert source.plugin == "redis_hash"
     assert source.params == {"url": "redis://r:6379/0", "key": "p:{id}"}
+
+
+def test_a_redis_that_does_not_answer_costs_one_timeout() -> None:
+    """A server that accepts connections and never answers (a hung Redis): the acquirer gives
+    up after its timeout_ms, once (no retries), and says so."""
+    import socket
+
+    from service.extractors.acquirers import RedisHashSensor
+    from service.extractors.base import FeatureUnavailable
+    from service.items import TabularRow
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        acquirer = RedisHashSensor(
+            columns=["x"], url=f"redis://127.0.0.1:{port}/0", key="k:{id}", timeout_ms=80
+        )
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with pytest.raises(FeatureUnavailable, match="did not answer \\(TimeoutError"):
+                acquirer.extract(TabularRow({}, "1"))
+            assert 0.07 < time.perf_counter() - t0 < 0.3
+        assert acquirer.extract(TabularRow({"x": 2.5}, "1")).tolist() == [2.5], "sent: no call"
