@@ -548,7 +548,8 @@ class ItemSpec(_Strict):
     """What ``POST /predict`` accepts as ``item`` for this bundle.
 
     ``image``: ``{"id"?, "png_base64"}``, size = pixel count. ``tabular``:
-    ``{"id"?, "values": {column: number}}`` with every one of ``columns``, size = 1.
+    ``{"id"?, "values"?: {column: number}}`` with any subset of ``columns`` (the values the
+    client has; the other sensors are acquired by ``id`` or named as missing), size = 1.
     """
 
     kind: Literal["image", "tabular"] = "image"

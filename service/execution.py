@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from service.calibration import CostCalibrator
 from service.errors import ExtractionFailed
-from service.extractors.base import Extractor
+from service.extractors.base import Extractor, FeatureUnavailable
 from service.items import DecodedItem
 from service.registry import Bundle
 from service.strategies.base import (
@@ -66,7 +66,8 @@ class FeatureSource(Protocol):
 
     def acquire(self, feature: str) -> FloatVector:
         """The feature's vector. Raise a ``BudgetServeError`` (e.g. ``ExtractionFailed``)
-        for an item it cannot be computed from."""
+        for an item it cannot be computed from, or ``FeatureUnavailable`` for one that
+        cannot be had now (a sensor not sent and not fetched)."""
         ...
 
 
@@ -99,6 +100,8 @@ class ExtractorSource:
         extractor = self.extractors[feature]
         try:
             vector = np.ascontiguousarray(extractor.extract(self.data), dtype=np.float32)
+        except FeatureUnavailable:
+            raise
         except (ValueError, TypeError, ArithmeticError, IndexError) as exc:
             raise ExtractionFailed(feature, str(exc)) from exc
         if vector.shape != (extractor.dims,) or not np.all(np.isfinite(vector)):
@@ -129,17 +132,20 @@ class MeasuredCost:
 
 class DeclaredCost:
     """The declared cost of each feature acquired (``per_feature``, e.g. the manifest's
-    curves at the item's size), in the manifest's own unit; time is not charged."""
+    curves at the item's size), in the manifest's own unit; time is not charged, except for
+    the features in ``timed``: their acquisition's wall time in milliseconds (sensor
+    acquirers with ``charge: measured``, in bundles whose unit is ms)."""
 
-    def __init__(self, per_feature: Mapping[str, float]) -> None:
+    def __init__(self, per_feature: Mapping[str, float], timed: Collection[str] = ()) -> None:
         self.per_feature = per_feature
+        self.timed = frozenset(timed)
         self.total = 0.0
 
     def spent(self) -> float:
         return self.total
 
     def charge(self, feature: str, seconds: float) -> float:
-        cost = self.per_feature[feature]
+        cost = seconds * 1000.0 if feature in self.timed else self.per_feature[feature]
         self.total += cost
         return cost
 
@@ -148,7 +154,11 @@ class DeclaredCost:
 class SessionRun:
     """What :func:`run_session` produced: the answer, how it was reached and what was
     acquired. ``acquired``, ``charged`` and ``acquire_ms`` are in acquisition order:
-    the vectors, the cost each was charged and the wall time each took."""
+    the vectors, the cost each was charged and the wall time each took (``acquire_ms`` also
+    holds the time of a failed acquisition, which is not charged). ``unavailable``:
+    the feature the session asked for that could not be had (``FeatureUnavailable``) and
+    why; the session's fallback then answered, and that feature is the one to collect next.
+    """
 
     answer: Answer
     session: Session
@@ -157,6 +167,12 @@ class SessionRun:
     charged: dict[str, float]
     acquire_ms: dict[str, float]
     stopped_early: bool
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def next_feature(self) -> str | None:
+        """The feature to collect before asking again (None: nothing was missing)."""
+        return next(iter(self.unavailable), None)
 
 
 def _noop(name: str, seconds: float) -> None:
@@ -184,7 +200,10 @@ def run_session(
     has already spent; ``in_hand`` are free. Before every step, once ``meter.spent()``
     passes ``budget`` the session's fallback answers from the features in hand
     (``stopped_early``). Each acquisition goes through ``source``, is reported to
-    ``on_acquire(feature, seconds)`` and charged to ``meter``.
+    ``on_acquire(feature, seconds)`` and charged to ``meter``. An acquisition that raises
+    ``FeatureUnavailable`` is charged nothing (its time still counts for a measured meter)
+    and the session's fallback answers from the features in hand; the feature and the
+    reason are in ``SessionRun.unavailable``.
 
     Raises :class:`StrategyFault` when the session breaks its contract: a step that is
     neither ``Acquire`` nor ``Answer``, a fallback that does not answer, an ``Acquire`` of a
@@ -240,7 +259,30 @@ def run_session(
                 "acquire each feature at most once and never one it was given",
             )
         t0 = time.perf_counter()
-        vector = source.acquire(feature)
+        try:
+            vector = source.acquire(feature)
+        except FeatureUnavailable as exc:
+            # Its time is reported (timings), not charged: nothing was acquired.
+            acquire_ms[feature] = (time.perf_counter() - t0) * 1000.0
+            answer = session.fallback(
+                Observation(size=size, budget=plan_budget, spent=meter.spent(), features=features)
+            )
+            if not isinstance(answer, Answer):
+                raise StrategyFault(
+                    runtime.name,
+                    f"fell back with {answer!r}; a fallback must return an Answer with a "
+                    "model computable from the features in hand",
+                ) from exc
+            return SessionRun(
+                answer,
+                session,
+                features,
+                acquired,
+                charged,
+                acquire_ms,
+                stopped_early=False,
+                unavailable={feature: exc.reason},
+            )
         elapsed = time.perf_counter() - t0
         on_acquire(feature, elapsed)
         charged[feature] = meter.charge(feature, elapsed)
@@ -267,6 +309,9 @@ class Execution:
     path: list[list[str]] | None = None
     expected_accuracy: float | None = None
     report: dict[str, Any] | None = None
+    charged: dict[str, float] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    next_feature: str | None = None
 
     def over_budget(self, budget: float) -> bool:
         return self.spent > budget
@@ -302,7 +347,8 @@ def execute(
     if bundle.manifest.cost_basis == "measured":
         meter = MeasuredCost(start, bundle.calibrator, item.size)
     else:
-        meter = DeclaredCost(bundle.costs.profiled_at(item.size))
+        timed = [n for n, e in bundle.extractors.items() if getattr(e, "charge", "") == "measured"]
+        meter = DeclaredCost(bundle.costs.profiled_at(item.size), timed)
         reserve_ms = 0.0
     run = run_session(
         runtime,
@@ -332,4 +378,7 @@ def execute(
         path=session.path(),
         expected_accuracy=session.expected_accuracy,
         report=session.report(),
+        charged=run.charged,
+        unavailable=run.unavailable,
+        next_feature=run.next_feature,
     )

@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,10 +23,11 @@ from service.cache import (
 )
 from service.errors import BudgetTooLarge, InvalidRequest, Overloaded, SizeMismatch
 from service.execution import Execution, execute
+from service.extractors.sensor import given_vector
 from service.items import DecodedItem
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
-from service.schemas import CostReport, PredictResponse
+from service.schemas import CostReport, PredictResponse, Timings
 from service.types import FloatVector
 
 log = logging.getLogger("budgetserve.handler")
@@ -60,7 +61,7 @@ class PredictHandler:
     (503). A request with measured (ms) costs waits at most its budget, and not at all when
     the expected wait is longer than its budget: it then answers at once from what it has
     (cached features, or the prior), so small requests never wait behind big ones. The wait
-    is reported as ``cost.queued`` and not charged to the budget."""
+    is reported as ``timings_ms.queued`` and not charged to the budget."""
 
     def __init__(
         self,
@@ -164,9 +165,11 @@ class PredictHandler:
 
         # ``spent`` counts work, not waiting: the cache read, then the plan / extract /
         # infer loop timed inside the worker thread from the moment it starts.
+        given = self._given(bundle, decoded)
         read_start = time.perf_counter()
-        in_hand = await self._read_cache(bundle, decoded, budget)
+        cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
         cache_s = time.perf_counter() - read_start
+        in_hand = {**cached, **given}
 
         def work() -> tuple[float, Execution]:
             started = time.perf_counter()
@@ -205,7 +208,9 @@ class PredictHandler:
                 self.held_bytes -= nbytes
                 self.limiter.release()
             queued_s = started - queued_at
-        response = self._response(bundle, runtime.name, budget, run, sorted(in_hand), queued_s)
+        response = self._response(
+            bundle, runtime.name, budget, run, sorted(cached), sorted(given), queued_s
+        )
         self._observe(response)
         writes = {
             feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
@@ -224,10 +229,26 @@ class PredictHandler:
         except CacheUnavailable as exc:  # counted by the cache as it failed
             log.warning("feature cache write failed: %s", exc)
 
+    @staticmethod
+    def _given(bundle: Bundle, item: DecodedItem) -> dict[str, FloatVector]:
+        """The sensors whose values the request sent (tabular items): in hand, free."""
+        if bundle.manifest.item.kind != "tabular":
+            return {}
+        given: dict[str, FloatVector] = {}
+        for name, extractor in bundle.extractors.items():
+            columns = getattr(extractor, "columns", None)
+            if columns:
+                vector = given_vector(columns, item.data)
+                if vector is not None:
+                    given[name] = vector
+        return given
+
     async def _read_cache(
-        self, bundle: Bundle, item: DecodedItem, budget: float
+        self, bundle: Bundle, item: DecodedItem, budget: float, skip: Collection[str] = ()
     ) -> dict[str, FloatVector]:
-        names = list(bundle.extractors)
+        names = [n for n in bundle.extractors if n not in skip]
+        if not names:
+            return {}
         keys = [feature_key(item.key, bundle.tags[n]) for n in names]
         # A read may take a share of a budget in milliseconds; budgets in other units get the
         # cache's own timeout.
@@ -263,6 +284,7 @@ class PredictHandler:
         budget: float,
         run: Execution,
         cached: list[str],
+        given: list[str],
         queued_s: float,
     ) -> PredictResponse:
         manifest = bundle.manifest
@@ -283,16 +305,22 @@ class PredictHandler:
             path=run.path,
             decision=run.report,
             deadline_exceeded=run.over_budget(budget),
+            next_sensor=run.next_feature,
+            unavailable=run.unavailable,
             cost=CostReport(
                 unit=manifest.cost_unit,
                 budget=float(budget),
                 planned=run.planned,
                 spent=run.spent,
+                charged=run.charged,
+                cached=cached,
+                given=given,
+                extracted=list(run.extracted),
+            ),
+            timings_ms=Timings(
                 extraction=sum(run.extraction_ms.values()),
                 inference=run.inference_ms,
                 queued=queued_s * 1000.0,
-                cached=cached,
-                extracted=list(run.extracted),
             ),
         )
 
@@ -310,3 +338,5 @@ class PredictHandler:
         m.utilisation.labels(model=response.model).observe(utilisation)
         if response.deadline_exceeded:
             m.budget_exceeded.labels(model=response.model).inc()
+        for sensor in response.unavailable:
+            m.sensor_unavailable.labels(model=response.model, sensor=sensor).inc()

@@ -14,7 +14,7 @@ import binascii
 import hashlib
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
@@ -227,18 +227,58 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 class TabularItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: str | None = Field(default=None, min_length=1, max_length=256)
-    values: dict[str, Annotated[float, Field(strict=True)]] = Field(min_length=1)
+    id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the entity's id: sensor acquirers look missing values up by it",
+    )
+    values: dict[str, Annotated[float, Field(strict=True)]] = Field(
+        default_factory=dict,
+        description="the values the client already has (any subset of the bundle's columns; "
+        "free); the rest are acquired by the bundle's sensor acquirers",
+    )
+
+
+class TabularRow(Mapping[str, float]):
+    """A decoded tabular item: the values the client sent (a read-only mapping, in the
+    bundle's column order) and the item's ``id`` (None when not sent)."""
+
+    __slots__ = ("_values", "id")
+
+    def __init__(self, values: Mapping[str, float], item_id: str | None = None) -> None:
+        self._values = dict(values)
+        self.id = item_id
+
+    def __getitem__(self, column: str) -> float:
+        return self._values[column]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TabularRow):
+            return self._values == other._values and self.id == other.id
+        return isinstance(other, Mapping) and self._values == dict(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TabularRow({self._values!r}, id={self.id!r})"
 
 
 class TabularDecoder:
-    """``{"id": optional str, "values": {column: number}}`` → the values as a dict; size 1.
+    """``{"id": optional str, "values": {column: number}}`` → a :class:`TabularRow`; size 1.
 
-    ``values`` holds exactly the columns the bundle declares, each a finite number (a
-    sensor serves a group of them at a declared cost): a missing column and a column the
-    bundle does not read (a typo, a label, a stale schema) are both refused, naming them.
-    The cache key is a digest of the values in the bundle's column order (see
-    :func:`content_key`).
+    ``values`` holds any subset of the columns the bundle declares, each a finite number:
+    a sensor whose columns are all sent is in hand at no cost, the others are acquired
+    (by the item's ``id``) or named as the sensor to collect next. A column the bundle does
+    not read (a typo, a label, a stale schema) is refused, naming it. The cache key is a
+    digest of the values in the bundle's column order, NaN standing for a value not sent
+    (see :func:`content_key`).
     """
 
     def __init__(self, spec: ItemSpec) -> None:
@@ -251,40 +291,34 @@ class TabularDecoder:
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
-                f"'item' must be an object with 'values' (and optional 'id'), "
-                f"got {type(item).__name__}"
+                f"'item' must be an object with 'values' and/or 'id', got {type(item).__name__}"
             )
         try:
             parsed = TabularItem.model_validate(item)
         except ValidationError as exc:
             raise InvalidItem(f"invalid tabular item: {_describe(exc)}") from None
-        missing = [c for c in self.columns if c not in parsed.values]
-        if missing:
-            raise InvalidItem(
-                f"item.values lacks {len(missing)} column(s) this model needs: {_names(missing)}",
-                missing=missing,
-            )
         unknown = [c for c in parsed.values if c not in self._known]
         if unknown:
             raise InvalidItem(
                 f"item.values has {len(unknown)} column(s) this model does not read: "
-                f"{_names(unknown)}; send exactly its columns ({_names(self.columns)})",
+                f"{_names(unknown)}; send only its columns ({_names(self.columns)})",
                 unknown=[_clip(c) for c in unknown[:_LISTED]],
             )
         bad = [
             c
             for c in self.columns
-            if not math.isfinite(parsed.values[c]) or abs(parsed.values[c]) > _FLOAT32_MAX
+            if c in parsed.values
+            and (not math.isfinite(parsed.values[c]) or abs(parsed.values[c]) > _FLOAT32_MAX)
         ]
         if bad:
             raise InvalidItem(
                 f"item.values has non-finite or out-of-range (beyond ±{_FLOAT32_MAX:.3g}) "
                 f"values for {_names(bad)}"
             )
-        values = {c: float(parsed.values[c]) for c in self.columns}
-        canonical = np.asarray([values[c] for c in self.columns], dtype=np.float64)
+        values = {c: float(parsed.values[c]) for c in self.columns if c in parsed.values}
+        canonical = np.asarray([values.get(c, math.nan) for c in self.columns], dtype=np.float64)
         return DecodedItem(
-            data=values,
+            data=TabularRow(values, parsed.id),
             size=1,
             key=content_key(TABULAR_KEY_SCHEME, canonical.tobytes(), parsed.id),
         )

@@ -98,6 +98,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.sensor_unavailable = Counter(
+            "budgetserve_sensor_unavailable_total",
+            "Answers given from the features in hand because a sensor could not be acquired "
+            "(not sent, no acquirer, store down, no entry for the id); the response names it "
+            "in next_sensor",
+            ["model", "sensor"],
+            registry=r,
+        )
         self.models_loaded = Gauge(
             "budgetserve_models_loaded",
             "Bundles loaded and ready",

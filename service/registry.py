@@ -26,6 +26,7 @@ from service.errors import BundleError, ModelNotFound, ModelNotReady, StrategyNo
 from service.extractors.base import Extractor, available_extractors, create_extractor
 from service.inference import LoadedModel, load_models
 from service.items import ItemDecoder, make_decoder
+from service.sources import SensorSource, SensorSources, acquirers
 from service.strategies.base import CostModel, StrategyRuntime, strategy_for
 
 log = logging.getLogger("budgetserve.registry")
@@ -111,12 +112,17 @@ class CalibrationSettings:
 
 
 def load_bundle(
-    path: Path, max_pixels: int, calibration: CalibrationSettings | None = None
+    path: Path,
+    max_pixels: int,
+    calibration: CalibrationSettings | None = None,
+    sources: SensorSources | None = None,
 ) -> Bundle:
+    """Load the bundle in ``path``; ``sources`` (``BUDGETSERVE_SENSOR_SOURCES``) gives its
+    sensors their acquirers, looked up by the manifest's name."""
     calibration = calibration or CalibrationSettings()
     manifest = _read_manifest(path)
     try:
-        return _load(path, manifest, max_pixels, calibration)
+        return _load(path, manifest, max_pixels, calibration, (sources or {}).get(manifest.name))
     except BundleError as exc:
         exc.bundle = manifest.name
         raise
@@ -169,7 +175,11 @@ def _declared_name(entry: Path) -> str | None:
 
 
 def _load(
-    path: Path, manifest: Manifest, max_pixels: int, calibration: CalibrationSettings
+    path: Path,
+    manifest: Manifest,
+    max_pixels: int,
+    calibration: CalibrationSettings,
+    sources: dict[str, SensorSource] | None = None,
 ) -> Bundle:
     broken: dict[str, str] = {}
     installed = available_extractors(broken)
@@ -190,6 +200,7 @@ def _load(
                 f"dims, the bundle was trained with {spec.dims}"
             )
         extractors[spec.name] = extractor
+    extractors.update(acquirers(manifest, sources or {}, installed))
     models = load_models(manifest, path)
     _warm_up(manifest, extractors, models)
     calibrator = CostCalibrator(
@@ -258,12 +269,15 @@ def public_reason(reason: str, folder: Path, models_dir: Path) -> str:
 
 
 def load_registry(
-    models_dir: Path, max_pixels: int, calibration: CalibrationSettings | None = None
+    models_dir: Path,
+    max_pixels: int,
+    calibration: CalibrationSettings | None = None,
+    sources: SensorSources | None = None,
 ) -> Registry:
     registry = Registry()
     for path in find_bundles(models_dir):
         try:
-            bundle = load_bundle(path, max_pixels, calibration)
+            bundle = load_bundle(path, max_pixels, calibration, sources)
         except Exception as exc:  # a bundle must never take the others down with it
             if isinstance(exc, BundleError):
                 log.error("bundle folder %s not loaded: %s", path, exc)
@@ -287,4 +301,6 @@ def load_registry(
         registry.bundles[bundle.name] = bundle
         registry.failed.pop(bundle.name, None)
         log.info("bundle %s loaded (%d models)", bundle.name, len(bundle.models))
+    for name in sorted(set(sources or {}) - set(registry.bundles) - set(registry.failed)):
+        log.warning("BUDGETSERVE_SENSOR_SOURCES names bundle %r, which is not loaded", name)
     return registry

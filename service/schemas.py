@@ -1,4 +1,5 @@
-"""Bodies the predict handler returns (``PredictResponse`` with its ``CostReport``).
+"""Bodies the predict handler returns (``PredictResponse`` with its ``CostReport`` and
+``Timings``).
 
 The HTTP-only bodies (the request, errors, readiness) are in ``service.http.schemas``.
 """
@@ -11,20 +12,39 @@ from pydantic import BaseModel, Field
 
 
 class CostReport(BaseModel):
-    unit: str
-    budget: float
-    planned: float = Field(description="predicted cost of the features planned at the start")
+    """What the request cost, all in the bundle's cost unit ``unit`` (``ms`` for bundles
+    with measured costs, e.g. ``units`` for tabular bundles with declared sensor costs)."""
+
+    unit: str = Field(description="the unit of budget, planned, spent and charged")
+    budget: float = Field(description="the request's budget, in `unit`")
+    planned: float = Field(description="predicted cost of the plan made at the start, in `unit`")
     spent: float = Field(
         description="cost spent, in `unit`: the measured time of the work done for this request "
         "(bundles with measured costs, unit ms) or the declared cost of the features acquired"
     )
-    extraction: float = Field(description="milliseconds spent in extractors (always ms)")
-    inference: float = Field(description="milliseconds spent in model inference (always ms)")
+    charged: dict[str, float] = Field(
+        default_factory=dict,
+        description="what each feature acquired for this request was charged, in `unit`, in "
+        "acquisition order",
+    )
+    cached: list[str] = Field(description="features served from the cache (free)")
+    given: list[str] = Field(
+        default_factory=list,
+        description="sensors whose values the request sent (tabular bundles; free)",
+    )
+    extracted: list[str] = Field(
+        description="features computed or acquired for this request, in order"
+    )
+
+
+class Timings(BaseModel):
+    """Where the request's time went, always in milliseconds whatever the cost unit."""
+
+    extraction: float = Field(description="milliseconds spent extracting or acquiring features")
+    inference: float = Field(description="milliseconds spent in model inference")
     queued: float = Field(
         description="milliseconds waiting for a worker thread (not charged to the budget)"
     )
-    cached: list[str] = Field(description="features served from the cache")
-    extracted: list[str] = Field(description="features computed for this request, in order")
 
 
 class PredictResponse(BaseModel):
@@ -51,4 +71,16 @@ class PredictResponse(BaseModel):
     deadline_exceeded: bool = Field(
         description="the measured cost passed the budget (extraction stopped as soon as it did)"
     )
+    next_sensor: str | None = Field(
+        default=None,
+        description="the sensor the strategy would acquire next but could not (not sent, and "
+        "no acquirer had it): the answer is from the features in hand; collect this sensor's "
+        "values and ask again. Null when nothing was missing",
+    )
+    unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="sensor → why it could not be acquired (no acquirer configured, store "
+        "down, no entry for the id, HTTP error or timeout)",
+    )
     cost: CostReport
+    timings_ms: Timings

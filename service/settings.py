@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.sources import SensorSources
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BUDGETSERVE_", extra="ignore")
@@ -90,7 +92,7 @@ class Settings(BaseSettings):
         ge=0,
         description="requests extracting at once per process (0: one per CPU); others queue "
         "(at most BUDGETSERVE_MAX_QUEUED, each for at most its budget), and the wait is "
-        "reported as cost.queued, not charged to the budget",
+        "reported as timings_ms.queued, not charged to the budget",
     )
     calibration: bool = Field(
         default=True,
@@ -102,6 +104,14 @@ class Settings(BaseSettings):
     )
     calibration_min_samples: int = Field(
         default=30, ge=1, description="samples a bucket needs before its correction is used"
+    )
+
+    sensor_sources: SensorSources = Field(
+        default_factory=dict,
+        description="JSON: per bundle, per sensor ('*': every sensor), the acquirer that "
+        'fetches the values a request did not send, e.g. {"pima": {"*": {"plugin": '
+        '"redis_hash", "url": "redis://127.0.0.1:6379/0", "key": "patient:{id}"}}} '
+        "(docs/operating.md#sensor-sources)",
     )
 
     @model_validator(mode="after")

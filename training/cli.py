@@ -262,6 +262,13 @@ SpecOption = Annotated[
     ),
 ]
 OutOption = Annotated[Path | None, typer.Option(help="bundle folder (default models/<name>)")]
+DelimiterOption = Annotated[
+    str | None,
+    typer.Option(
+        help="the CSV's delimiter: one character (',', ';', '\\t' for tab) or 'whitespace'; "
+        "default: the spec's `delimiter`, else detected",
+    ),
+]
 
 
 def _build_tabular(
@@ -272,6 +279,7 @@ def _build_tabular(
     workers: Executor,
     status: Callable[[S, int], str],
     build: Callable[..., R],
+    delimiter: str | None = None,
 ) -> tuple[S, R, Path]:
     """Read a spec and its CSV, build the bundle into ``out`` (default models/<name>) on the
     executor; bad specs, data or export checks end the command with what was wrong."""
@@ -281,6 +289,9 @@ def _build_tabular(
 
     try:
         spec = load(spec_path)
+        if delimiter is not None:
+            spec.delimiter = delimiter
+            spec.check()
         x, y, columns = read_csv(csv_path, spec)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -302,6 +313,7 @@ def dag(
     csv_path: CsvOption,
     spec_path: SpecOption,
     out: OutOption = None,
+    delimiter: DelimiterOption = None,
     executor: ExecutorOption = ExecutorKind.LOCAL,
     address: AddressOption = None,
     n_jobs: NJobsOption = None,
@@ -321,6 +333,7 @@ def dag(
         open_executor(executor, address, n_jobs),
         lambda spec, rows: f"training {len(spec.cost_scales)} operating points on {rows} rows",
         build_dag_bundle,
+        delimiter,
     )
     table = Table(
         "cost scale",
@@ -347,6 +360,7 @@ def gating(
     csv_path: CsvOption,
     spec_path: SpecOption,
     out: OutOption = None,
+    delimiter: DelimiterOption = None,
     executor: ExecutorOption = ExecutorKind.LOCAL,
     address: AddressOption = None,
     n_jobs: NJobsOption = None,
@@ -368,6 +382,7 @@ def gating(
         open_executor(executor, address, n_jobs),
         lambda spec, rows: f"sweeping {len(spec.configs())} configurations on {rows} rows",
         build_gating_bundle,
+        delimiter,
     )
     strategy = result.manifest.strategy("gating")
     table = Table(

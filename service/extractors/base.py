@@ -23,6 +23,7 @@ __all__ = [
     "ExtractorBroken",
     "ExtractorNotInstalled",
     "ExtractorVersionMismatch",
+    "FeatureUnavailable",
     "FloatVector",
     "available_extractors",
     "create_extractor",
@@ -45,6 +46,21 @@ class Extractor(Protocol):
     def dims(self) -> int: ...
 
     def extract(self, item: Any) -> FloatVector: ...
+
+
+class FeatureUnavailable(Exception):
+    """The feature cannot be had for this item right now: a sensor whose values the request
+    did not send and that no acquirer could fetch (none configured, the store down, no entry
+    for the item's id, an HTTP error or timeout).
+
+    Not the client's fault and not a server bug: the request loop answers from the features
+    in hand and names this feature as the one to collect next (``next_sensor``). ``reason``
+    says what happened (the response carries it under ``unavailable``), without secrets:
+    name the store and key, never credentials."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class ExtractorNotInstalled(LookupError):

@@ -129,6 +129,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
                 window=settings.calibration_window,
                 min_samples=settings.calibration_min_samples,
             ),
+            settings.sensor_sources,
         )
     )
     feature_cache = (

@@ -34,6 +34,15 @@ async def get_model(name: str, state: State) -> dict[str, Any]:
         {"name": e.name, "version": e.version, "dims": e.dims, "cost": e.cost.model_dump()}
         for e in m.extractors
     ]
+    if m.item.kind == "tabular":
+        # Where each sensor's missing values come from: "sensor" (only the values a request
+        # sends) or the acquirer BUDGETSERVE_SENSOR_SOURCES gives it, and how it is charged.
+        for entry in detail["extractors"]:
+            served_by = bundle.extractors[entry["name"]]
+            entry["source"] = {
+                "plugin": getattr(type(served_by), "name", type(served_by).__name__),
+                "charge": getattr(served_by, "charge", "declared"),
+            }
     detail["models"] = [
         {"id": s.id, "features": s.features, "accuracy": s.accuracy} for s in m.models
     ]

@@ -129,7 +129,16 @@ class DagSession(Session):
             self.visited.append(self.state)
 
     def fallback(self, obs: Observation) -> Answer:
-        return self._answer()
+        """The current state's classifier, or a more accurate model computable from the
+        features in hand (values the client sent may lie outside the walk's state). The walk
+        did not end where the policy would have, so the policy's held-out accuracy does not
+        apply: the answering model's own estimate is reported."""
+        self.expected_accuracy = None
+        answer = self._answer()
+        best = self.runtime.best_computable(set(obs.features))
+        if self.runtime.accuracy[best] > self.runtime.accuracy[answer.model]:
+            return Answer(best)
+        return answer
 
     def path(self) -> list[list[str]]:
         return [self.runtime.state_features(s) for s in self.visited]

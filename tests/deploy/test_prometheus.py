@@ -276,6 +276,7 @@ class Stack:
     dead_target: str
     responses: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    tabular: list[dict[str, Any]] = field(default_factory=list)
     exposition: str = ""
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -296,7 +297,7 @@ class Stack:
         return reply.json()["data"]
 
 
-def service_env(port: int) -> dict[str, str]:
+def service_env(port: int, models_dir: Path = ROOT / "models") -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -305,7 +306,7 @@ def service_env(port: int) -> dict[str, str]:
     env.update(
         BUDGETSERVE_HOST="127.0.0.1",
         BUDGETSERVE_PORT=str(port),
-        BUDGETSERVE_MODELS_DIR=str(ROOT / "models"),
+        BUDGETSERVE_MODELS_DIR=str(models_dir),
         BUDGETSERVE_WORKERS="1",
         BUDGETSERVE_EXTRACTION_THREADS="1",
     )
@@ -326,6 +327,13 @@ def send_requests(base: str, stack: Stack) -> None:
             reply = client.post("/predict", json=body)
             assert reply.status_code == 200, reply.text
             stack.responses.append(reply.json())
+        # A tabular item with only an id and no sensor source: answered from what is in hand,
+        # naming the sensor to collect (budgetserve_sensor_unavailable_total).
+        reply = client.post(
+            "/predict", json={"model": "router", "item": {"id": "patient-1"}, "budget": 6.0}
+        )
+        assert reply.status_code == 200 and reply.json()["next_sensor"] == "r", reply.text
+        stack.tabular.append(reply.json())
         reply = client.post("/predict", json={"model": "nosuch", "item": item, "budget": 5.0})
         assert reply.status_code == 404, reply.text
         stack.errors.append(reply.json())
@@ -386,8 +394,12 @@ def k8s_pods(service_port: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, router_bundle_dir: Path) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("prometheus")
+    models = tmp / "models"  # the digits bundle, and a tabular (DAG) one
+    models.mkdir()
+    (models / "digits").symlink_to(ROOT / "models" / "digits", target_is_directory=True)
+    (models / "router").symlink_to(router_bundle_dir, target_is_directory=True)
     service_port, prom_port, dead_port = free_port(), free_port(), free_port()
     stack = Stack(
         service=f"http://127.0.0.1:{service_port}",
@@ -401,7 +413,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "budgetserve-serve",
             [str(Path(sys.executable).parent / "budgetserve-serve")],
             tmp / "service.log",
-            env=service_env(service_port),
+            env=service_env(service_port, models),
         )
         procs.append(serve)
         wait_for(
@@ -471,7 +483,11 @@ def test_prometheus_reads_back_the_requests_made(stack: Stack) -> None:
         stack.value(f'budgetserve_requests_total{{{job}, model="_unknown", status="{status}"}}')
         == 1
     )
-    assert stack.value('budgetserve_models_loaded{job="budgetserve"}') >= 1
+    assert stack.value('budgetserve_models_loaded{job="budgetserve"}') >= 2
+    [tabular] = stack.tabular
+    assert stack.value(
+        f'budgetserve_sensor_unavailable_total{{{job}, model="router", sensor="r"}}'
+    ) == len(tabular["unavailable"])
 
 
 def test_kubernetes_relabelling_finds_the_annotated_pod(stack: Stack) -> None:

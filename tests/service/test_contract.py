@@ -188,6 +188,33 @@ def test_openapi_documents_the_errors_each_route_returns(client: TestClient) -> 
     assert set(metrics) == {"text/plain"}
 
 
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    found: dict[str, Any] = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return found
+
+
+def test_openapi_separates_cost_units_from_milliseconds(client: TestClient) -> None:
+    """Costs (in the bundle's unit) and timings (ms) are separate objects, named as such; a
+    tabular answer can name the sensor to collect next; a tabular item may be just an id."""
+    schema = client.get("/openapi.json").json()
+    ok = _responses(schema, "post", "/predict")["200"]["content"]["application/json"]["schema"]
+    response = _resolve(schema, ok)
+    props = response["properties"]
+    assert {"cost", "timings_ms", "next_sensor", "unavailable"} <= set(props)
+    cost = _resolve(schema, props["cost"])
+    assert {"unit", "budget", "planned", "spent", "charged", "given"} <= set(cost["properties"])
+    assert not {"extraction", "inference", "queued"} & set(cost["properties"])
+    timings = _resolve(schema, props["timings_ms"])
+    assert set(timings["properties"]) == {"extraction", "inference", "queued"}
+    assert all("milliseconds" in v["description"] for v in timings["properties"].values())
+    request = schema["components"]["schemas"]["PredictRequest"]["properties"]["item"]
+    tabular = next(s for s in request["anyOf"] if "values" in s["properties"])
+    assert tabular.get("required", []) == [], "id and values are both optional"
+
+
 def test_documented_statuses_are_what_the_routes_return(client: TestClient, tmp_path: Path) -> None:
     assert _error(client.get("/models/nope"), 404, "model_not_found")
     assert _error(client.get("/models/nope/costs"), 404, "model_not_found")

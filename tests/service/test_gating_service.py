@@ -36,13 +36,27 @@ from tests.support.gating_bundle import (
     linear_gate,
     make_gating_data,
 )
+from tests.support.sensor_store import SensorStore, StoreClient
+
+pytestmark = pytest.mark.redis  # rows are acquired from a real Redis
+
+
+@pytest.fixture(scope="module")
+def store(redis_url: str) -> SensorStore:
+    """The rows' values live in a real Redis (an online feature store); requests send only
+    an id, derived from the row's values unless a test names one."""
+    return SensorStore(redis_url, COLUMNS)
 
 
 @pytest.fixture
-def client(gating_bundle_dir: Path) -> Iterator[TestClient]:
-    """A fresh app and cache per test: rows without an id are cached by content."""
-    app = create_app(Settings(models_dir=gating_bundle_dir.parent), cache=InProcessCache(1 << 20))
-    with TestClient(app) as c:
+def client(gating_bundle_dir: Path, store: SensorStore) -> Iterator[StoreClient]:
+    """A fresh app and cache per test: rows without a named id are cached by content."""
+    settings = Settings(
+        models_dir=gating_bundle_dir.parent, sensor_sources={"gating": {"*": store.source()}}
+    )
+    app = create_app(settings, cache=InProcessCache(1 << 20))
+    with StoreClient(app) as c:
+        c.store = store
         yield c
 
 
@@ -51,21 +65,18 @@ def manifest(gating_bundle_dir: Path) -> Manifest:
     return read_manifest(gating_bundle_dir)
 
 
-def item(row: np.ndarray, item_id: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"values": dict(zip(COLUMNS, map(float, row), strict=True))}
-    if item_id is not None:
-        out["id"] = item_id
-    return out
-
-
 def predict(
-    client: TestClient,
+    client: StoreClient,
     row: np.ndarray,
     budget: float,
     strategy: str | None = None,
     item_id: str | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "gating", "item": item(row, item_id), "budget": budget}
+    body: dict[str, Any] = {
+        "model": "gating",
+        "item": client.store.item(row, item_id),
+        "budget": budget,
+    }
     if strategy is not None:
         body["strategy"] = strategy
     r = client.post("/predict", json=body)
@@ -122,7 +133,7 @@ def best_point(
 
 
 def test_a_budget_that_covers_only_f1_is_answered_by_f1(
-    client: TestClient, gating_bundle: GatingFixture
+    client: StoreClient, gating_bundle: GatingFixture
 ) -> None:
     x, _ = make_gating_data(40, seed=11)
     for row in x:
@@ -144,7 +155,7 @@ def test_a_budget_that_covers_only_f1_is_answered_by_f1(
 
 
 def test_with_budget_to_spare_the_gate_routes_items_as_offline(
-    client: TestClient, gating_bundle: GatingFixture, manifest: Manifest
+    client: StoreClient, gating_bundle: GatingFixture, manifest: Manifest
 ) -> None:
     x, _ = make_gating_data(80, seed=12)
     scores = gate_scores(x)
@@ -176,7 +187,7 @@ def test_with_budget_to_spare_the_gate_routes_items_as_offline(
 
 
 def test_f0_answers_only_when_its_missing_features_fit(
-    client: TestClient, manifest: Manifest
+    client: StoreClient, manifest: Manifest
 ) -> None:
     # 3 covers g's and f1's features (2) but not f0's missing ones (4): f1 answers everything,
     # routed items included, and nothing of f0's is computed.
@@ -199,7 +210,7 @@ def test_f0_answers_only_when_its_missing_features_fit(
 
 
 def test_the_most_accurate_deliverable_point_is_chosen_by_budget(
-    client: TestClient, manifest: Manifest
+    client: StoreClient, manifest: Manifest
 ) -> None:
     budgets = [0.5, 1.0, 2.0, 2.7, 3.9, 5.9, 6.0, 50.0]
     x, _ = make_gating_data(len(budgets), seed=14)
@@ -224,7 +235,7 @@ def test_the_most_accurate_deliverable_point_is_chosen_by_budget(
     ("tolerance", "point"), [(0.0, "full"), (0.02, "gate-0"), (0.2, "gate-1"), (0.5, "low")]
 )
 def test_tolerance_trades_a_little_accuracy_for_a_lower_average_cost(
-    gating_bundle_dir: Path, tmp_path: Path, tolerance: float, point: str
+    gating_bundle_dir: Path, store: SensorStore, tmp_path: Path, tolerance: float, point: str
 ) -> None:
     def set_tolerance(m: dict[str, Any], _: Path) -> None:
         m["strategies"][0]["tolerance"] = tolerance
@@ -232,9 +243,11 @@ def test_tolerance_trades_a_little_accuracy_for_a_lower_average_cost(
     folder = _copy(gating_bundle_dir, tmp_path, set_tolerance)
     manifest = read_manifest(folder)
     assert best_point(manifest, 50.0) == point
-    app = create_app(Settings(models_dir=tmp_path), cache=InProcessCache(1 << 20))
+    settings = Settings(models_dir=tmp_path, sensor_sources={"gating": {"*": store.source()}})
+    app = create_app(settings, cache=InProcessCache(1 << 20))
     x, _ = make_gating_data(30, seed=16)
-    with TestClient(app) as c:
+    with StoreClient(app) as c:
+        c.store = store
         bodies = [predict(c, row, budget=50.0) for row in x]
     assert {b["decision"]["point"] for b in bodies} == {point}
     spent = float(np.mean([b["cost"]["spent"] for b in bodies]))
@@ -243,7 +256,7 @@ def test_tolerance_trades_a_little_accuracy_for_a_lower_average_cost(
         assert spent < 6.0  # the gate keeps some items away from f0's features
 
 
-def test_cached_features_make_a_point_affordable(client: TestClient, manifest: Manifest) -> None:
+def test_cached_features_make_a_point_affordable(client: StoreClient, manifest: Manifest) -> None:
     x, _ = make_gating_data(2, seed=15)
     row = x[0]
     budget = 4.5
@@ -261,7 +274,7 @@ def test_cached_features_make_a_point_affordable(client: TestClient, manifest: M
     assert warm["answered_by"] == HIGH and warm["decision"]["answered_by"] == "high"
 
 
-def test_skyline_lists_points_by_expected_cost(client: TestClient, manifest: Manifest) -> None:
+def test_skyline_lists_points_by_expected_cost(client: StoreClient, manifest: Manifest) -> None:
     body = client.get("/models/gating/skyline", params={"size": 1}).json()
     assert body["strategy"] == "gating"
     points = {p.id: p for p in points_of(manifest)}
@@ -366,7 +379,14 @@ def test_broken_gates_fail_loading_with_a_clear_reason(
         listed = c.get("/models").json()
         assert listed["models"] == []
         assert message in next(f["error"] for f in listed["failed"] if f["name"] == "gating")
-        r = c.post("/predict", json={"model": "gating", "item": item(np.zeros(4)), "budget": 10.0})
+        r = c.post(
+            "/predict",
+            json={
+                "model": "gating",
+                "item": {"values": dict.fromkeys(COLUMNS, 0.0)},
+                "budget": 10.0,
+            },
+        )
         assert r.status_code == 503 and r.json()["error"]["type"] == "model_not_ready"
 
 
@@ -390,3 +410,37 @@ def test_invalid_gating_manifests_are_rejected(
     point[field] = value
     with pytest.raises(ValidationError, match=re.escape(message)):
         Manifest.model_validate(raw)
+
+
+def test_partial_items_without_a_source_name_the_feature_the_gate_wants(
+    gating_bundle_dir: Path, manifest: Manifest
+) -> None:
+    """g's and f1's values sent, no sensor source: the gate runs on what was sent; an item it
+    routes to f0 is answered by f1 and names f0's first missing feature as next_sensor."""
+    x, _ = make_gating_data(60, seed=17)
+    scores = gate_scores(x)
+    [point] = points_of(manifest, "gate-0")
+    app = create_app(Settings(models_dir=gating_bundle_dir.parent), cache=InProcessCache(1 << 20))
+    routed_count = 0
+    with TestClient(app) as c:
+        for row, score in zip(x, scores, strict=True):
+            values = {"a1": float(row[0]), "g1": float(row[1])}
+            r = c.post(
+                "/predict",
+                json={
+                    "model": "gating",
+                    "strategy": "gate-0",
+                    "budget": 100.0,
+                    "item": {"values": values},
+                },
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            routed = bool(score > point.threshold)
+            routed_count += routed
+            assert body["answered_by"] == LOW and body["decision"]["sent_to_high"] is routed
+            assert sorted(body["cost"]["given"]) == ["a", "g"] and body["cost"]["spent"] == 0.0
+            assert body["next_sensor"] == ("b" if routed else None)
+            if routed:
+                assert "BUDGETSERVE_SENSOR_SOURCES" in body["unavailable"]["b"]
+    assert 0 < routed_count < len(x)

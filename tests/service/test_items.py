@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -25,6 +26,7 @@ from service.http import create_app
 from service.items import ImageDecoder, grayscale, make_decoder, png_dimensions
 from service.settings import Settings
 from tests.conftest import ROUTER_COLUMNS, digit_image, png_b64
+from tests.support.sensor_store import SensorStore
 
 # ---------------------------------------------------------------------------- PNG encoding
 
@@ -281,26 +283,35 @@ def _router_rows() -> tuple[list[float], list[float]]:
     return [float(v) for v in x[first]], [float(v) for v in x[other]]
 
 
-def _tabular_attempt(send: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+def _tabular_attempt(send: Callable[[dict[str, Any]], dict[str, Any]], store: SensorStore) -> None:
+    """Two requests for entity row-1 that send different values of r: the sensors acquired
+    for one (from the store) must not be served from the cache to the other."""
     row_a, row_b = _router_rows()
-    alone_b = send({"values": dict(zip(ROUTER_COLUMNS, row_b, strict=True))})
-    a = {"id": "row-1", "values": dict(zip(ROUTER_COLUMNS, row_a, strict=True))}
-    b = {"id": "row-1", "values": dict(zip(ROUTER_COLUMNS, row_b, strict=True))}
+    store.put(row_a, "row-1")
+    a = {"id": "row-1", "values": {"r": row_a[0]}}
+    b = {"id": "row-1", "values": {"r": row_b[0] if row_b[0] != row_a[0] else row_a[0] + 1}}
     answer_a = send(a)
-    assert answer_a["cost"]["extracted"]
+    assert answer_a["cost"]["extracted"] and answer_a["cost"]["given"] == ["r"]
     answer_b = send(b)
     assert answer_b["cost"]["cached"] == [], "B was served A's sensor values"
-    assert answer_b["prediction"] == alone_b["prediction"]
-    assert answer_b["probabilities"] == alone_b["probabilities"]
-    assert send(a)["cost"]["cached"], "the same row under the same id still hits"
+    assert answer_b["cost"]["extracted"], "B acquired its own"
+    assert send(a)["cost"]["cached"], "the same values under the same id still hit"
+
+
+def _router_app(router_bundle_dir: Path, store: SensorStore, **settings: Any) -> FastAPI:
+    sources = {"router": {"*": store.source()}}
+    config = Settings(models_dir=router_bundle_dir.parent, sensor_sources=sources, **settings)
+    if "redis_url" in settings:
+        return create_app(config)
+    return create_app(config, cache=InProcessCache(1 << 20))
 
 
 def test_tabular_same_id_different_values_is_not_served_from_cache(
-    router_bundle_dir: Path,
+    router_bundle_dir: Path, redis_url: str
 ) -> None:
-    app = create_app(Settings(models_dir=router_bundle_dir.parent), cache=InProcessCache(1 << 20))
-    with TestClient(app) as client:
-        _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"))
+    store = SensorStore(redis_url, ROUTER_COLUMNS)
+    with TestClient(_router_app(router_bundle_dir, store)) as client:
+        _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"), store)
 
 
 @pytest.mark.redis
@@ -308,11 +319,10 @@ def test_tabular_same_id_different_values_with_redis(
     redis_url: str, router_bundle_dir: Path
 ) -> None:
     redis.Redis.from_url(redis_url).flushdb()
-    app = create_app(
-        Settings(models_dir=router_bundle_dir.parent, redis_url=redis_url, redis_timeout_ms=500)
-    )
+    store = SensorStore(redis_url, ROUTER_COLUMNS)
+    app = _router_app(router_bundle_dir, store, redis_url=redis_url, redis_timeout_ms=500)
     with TestClient(app) as client:
-        _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"))
+        _tabular_attempt(lambda item: _predict(client, item, budget=11.0, model="router"), store)
 
 
 def test_content_keys() -> None:

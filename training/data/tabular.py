@@ -5,10 +5,12 @@ an instance of the built-in ``sensor`` extractor serving its columns at a declar
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +35,7 @@ class TabularSpec:
     costs: dict[str, float] = field(default_factory=dict)
     unit: str = "units"
     columns: list[str] | None = None  # for a CSV without a header row
+    delimiter: str | None = None  # one character, or "whitespace"; None: detected
     test_fraction: float = 0.2
     validation_fraction: float = 0.2
     seed: int = 0
@@ -55,6 +58,13 @@ class TabularSpec:
             )
         spec = cls(**raw)
         spec.check()
+        costs = spec.costs if isinstance(spec.costs, dict) else {}
+        uncosted = [s for s in spec.sensors if s not in costs]
+        if uncosted:
+            raise ValueError(
+                f"{path}: sensor(s) {uncosted} have no cost; give every sensor its cost in "
+                f"`costs:` (in `unit`, {spec.unit!r}), e.g. costs: {{{uncosted[0]}: 1}}"
+            )
         return spec
 
     def check(self) -> None:
@@ -68,6 +78,16 @@ class TabularSpec:
             )
         if not isinstance(self.costs, dict):
             raise ValueError(f"costs must map sensor names to numbers, got {self.costs!r}")
+        if self.delimiter in {"tab", "\\t"}:
+            self.delimiter = "\t"
+        if self.delimiter is not None and not (
+            self.delimiter == WHITESPACE
+            or (isinstance(self.delimiter, str) and len(self.delimiter) == 1)
+        ):
+            raise ValueError(
+                f"delimiter must be one character (e.g. ',', ';', '\\t') or {WHITESPACE!r}, "
+                f"got {self.delimiter!r}"
+            )
         for fraction in ("test_fraction", "validation_fraction"):
             value = getattr(self, fraction)
             if not isinstance(value, int | float) or not 0 < value < 1:
@@ -76,8 +96,14 @@ class TabularSpec:
             raise ValueError("test_fraction + validation_fraction must leave rows to train on")
         seen: dict[str, str] = {}
         for sensor, columns in self.sensors.items():
-            if not isinstance(columns, list) or not columns:
-                raise ValueError(f"sensor {sensor!r}: expected a non-empty list of columns")
+            if (
+                not isinstance(columns, list)
+                or not columns
+                or not all(isinstance(c, str) and c for c in columns)
+            ):
+                raise ValueError(
+                    f"sensor {sensor!r}: expected a non-empty list of column names, got {columns!r}"
+                )
             if self.label in columns:
                 raise ValueError(
                     f"sensor {sensor!r} serves the label column {self.label!r}: remove it"
@@ -89,14 +115,43 @@ class TabularSpec:
                         "each column may belong to one sensor"
                     )
                 seen[column] = sensor
+        if self.columns is not None:
+            listed = set(self.columns)
+            unknown_columns = {
+                s: [c for c in cols if c not in listed]
+                for s, cols in self.sensors.items()
+                if any(c not in listed for c in cols)
+            }
+            if unknown_columns:
+                raise ValueError(
+                    f"sensors {unknown_columns} name columns that are not in `columns` "
+                    f"({self.columns}): fix the names or add the columns"
+                )
+            if self.label not in listed:
+                raise ValueError(f"label {self.label!r} is not one of `columns` ({self.columns})")
         unknown = set(self.costs) - set(self.sensors)
         if unknown:
-            raise ValueError(f"costs given for unknown sensors {sorted(unknown)}")
-        if any(not isinstance(c, int | float) or not c >= 0 for c in self.costs.values()):
-            raise ValueError(f"sensor costs must be numbers >= 0, got {self.costs}")
+            raise ValueError(
+                f"costs given for unknown sensors {sorted(unknown)}; the sensors are "
+                f"{list(self.sensors)}"
+            )
+        bad = {
+            s: c
+            for s, c in self.costs.items()
+            if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < math.inf
+        }
+        if bad:
+            raise ValueError(f"sensor costs must be finite numbers >= 0; got {bad}")
+        uncosted = [s for s in self.sensors if s not in self.costs]
+        if self.costs and uncosted:
+            raise ValueError(
+                f"sensor(s) {uncosted} have no cost: give every sensor its cost in `costs` "
+                f"(in `unit`, {self.unit!r})"
+            )
 
     def sensor_costs(self) -> dict[str, float]:
-        """Every sensor's declared cost (1 where the spec gives none)."""
+        """Every sensor's declared cost. A spec read from a file must give every sensor
+        one (``load``); one built in code with no ``costs`` at all gives each sensor 1."""
         return {s: float(self.costs.get(s, 1.0)) for s in self.sensors}
 
     def extractors(self) -> list[ExtractorSpec]:
@@ -150,10 +205,68 @@ def sensor_extractors(
     ]
 
 
-def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatArray, npt.NDArray[Any], list[str]]:
-    """The sensor columns as floats, the label column as strings, and the column names."""
-    with path.open(newline="") as handle:
-        rows = list(csv.reader(handle))
+WHITESPACE = "whitespace"
+_CANDIDATES = ",;\t|"
+
+
+def _describe_delimiter(delimiter: str) -> str:
+    names = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe", " ": "space"}
+    if delimiter == WHITESPACE:
+        return "whitespace"
+    return names.get(delimiter, repr(delimiter)) + "-separated"
+
+
+def detect_delimiter(sample: str) -> str:
+    """The delimiter of a CSV sample: the one of ``, ; tab |`` that splits every line of the
+    sample into the same number (> 1) of cells, preferring csv.Sniffer's choice; else
+    ``"whitespace"`` when the lines split on runs of blanks into the same number (> 1) of
+    cells; else ``,``."""
+    lines = [line for line in sample.splitlines() if line.strip()][:20]
+    if len(lines) > 1 and not sample.endswith("\n"):
+        lines = lines[:-1]  # the last line of a sample may be cut short
+    if not lines:
+        return ","
+
+    def consistent(split: Callable[[str], list[str]]) -> bool:
+        counts = {len(split(line)) for line in lines}
+        return len(counts) == 1 and counts.pop() > 1
+
+    try:
+        sniffed: str | None = csv.Sniffer().sniff("\n".join(lines), _CANDIDATES).delimiter
+    except csv.Error:
+        sniffed = None
+    for delimiter in ([sniffed] if sniffed else []) + list(_CANDIDATES):
+        if consistent(functools.partial(_split, delimiter=delimiter)):
+            return delimiter
+    if consistent(str.split):
+        return WHITESPACE
+    return ","
+
+
+def _split(line: str, delimiter: str) -> list[str]:
+    return next(csv.reader([line], delimiter=delimiter))
+
+
+def _rows(text: str, delimiter: str) -> list[list[str]]:
+    if delimiter == WHITESPACE:
+        return [line.split() for line in text.splitlines()]
+    return list(csv.reader(text.splitlines(), delimiter=delimiter))
+
+
+def read_csv(
+    path: Path, spec: TabularSpec, delimiter: str | None = None
+) -> tuple[FloatArray, npt.NDArray[Any], list[str]]:
+    """The sensor columns as floats, the label column as strings, and the column names.
+
+    The delimiter is ``delimiter``, else the spec's, else detected (:func:`detect_delimiter`:
+    comma, semicolon, tab, pipe or runs of whitespace). Errors name what was found: the
+    row whose cells do not match the columns (and the delimiter the file seems to use), the
+    row, column and text of a cell that is not a number."""
+    text = path.read_text()
+    chosen = delimiter or spec.delimiter
+    detected = detect_delimiter(text[:65536])
+    used = chosen or detected
+    rows = _rows(text, used)
     header: list[str]
     if spec.columns is not None:
         header = list(spec.columns)
@@ -161,23 +274,45 @@ def read_csv(path: Path, spec: TabularSpec) -> tuple[FloatArray, npt.NDArray[Any
         header, rows = [h.strip() for h in rows[0]], rows[1:]
     else:
         raise ValueError(f"{path}: the file is empty")
+    hint = (
+        f"; the file looks {_describe_delimiter(detected)}: set delimiter (spec "
+        f"`delimiter:` or --delimiter)"
+        if detected != used
+        else ""
+    )
     index = {name: i for i, name in enumerate(header)}
     needed = [c for cols in spec.sensors.values() for c in cols]
     missing = [c for c in [*needed, spec.label] if c not in index]
     if missing:
-        raise ValueError(f"{path}: no column(s) {missing}; the file has {header}")
+        shown = header if len(header) <= 40 else [*header[:40], "…"]
+        raise ValueError(
+            f"{path}: no column(s) {missing} (read as {_describe_delimiter(used)}); the "
+            f"file's columns are {shown}{hint}"
+        )
     rows = [r for r in rows if r and any(cell.strip() for cell in r)]
     short = [i for i, r in enumerate(rows) if len(r) < len(header)]
     if short:
+        cells = len(rows[short[0]])
         raise ValueError(
-            f"{path}: row {short[0] + 1} has fewer cells than the {len(header)} columns"
+            f"{path}: row {short[0] + 1} has {cells} cell{'s' if cells != 1 else ''}, "
+            f"expected {len(header)} columns (read as {_describe_delimiter(used)}; "
+            f"{len(short)} such rows){hint}"
         )
     if not rows:
         raise ValueError(f"{path}: no data rows")
-    try:
-        x = np.asarray([[float(r[index[c]]) for c in needed] for r in rows], dtype=np.float64)
-    except ValueError as exc:
-        raise ValueError(f"{path}: a sensor column holds a non-number: {exc}") from None
+    x = np.empty((len(rows), len(needed)), dtype=np.float64)
+    positions = [index[c] for c in needed]
+    for r, cells_of_row in enumerate(rows):
+        for j, position in enumerate(positions):
+            cell = cells_of_row[position]
+            try:
+                x[r, j] = float(cell)
+            except ValueError:
+                raise ValueError(
+                    f"{path}: row {r + 1}, column {needed[j]!r} holds {cell.strip()[:40]!r}, "
+                    "not a number: sensor columns must be numeric (encode categories as "
+                    f"numbers, or leave the column out of `sensors`){hint}"
+                ) from None
     bad = ~np.isfinite(x)
     if bad.any():
         row, col = (int(v) for v in np.argwhere(bad)[0])

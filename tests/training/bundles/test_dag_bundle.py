@@ -15,6 +15,7 @@ from service.bundle import DagStrategy, read_manifest
 from service.cache import InProcessCache
 from service.http import create_app
 from service.settings import Settings
+from tests.support.sensor_store import SensorStore
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.data.synthetic import make_router_data
 
@@ -27,6 +28,8 @@ SPEC = DagSpec(
     cost_scales=[0.0, 0.03, 0.3],
 )
 
+pytestmark = pytest.mark.redis  # rows are acquired from a real Redis
+
 
 @pytest.fixture(scope="module")
 def router_dir(router_bundle_dir: Path) -> Path:
@@ -34,17 +37,23 @@ def router_dir(router_bundle_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(router_dir: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(models_dir=router_dir.parent), cache=InProcessCache(1 << 20))
+def store(redis_url: str) -> SensorStore:
+    """The rows' sensor values live in a real Redis; requests send only the row's id."""
+    return SensorStore(redis_url, COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def client(router_dir: Path, store: SensorStore) -> Iterator[TestClient]:
+    settings = Settings(
+        models_dir=router_dir.parent, sensor_sources={"router": {"*": store.source()}}
+    )
+    app = create_app(settings, cache=InProcessCache(1 << 20))
     with TestClient(app) as c:
         yield c
 
 
-def _item(x: np.ndarray, item_id: str | None = None) -> dict[str, object]:
-    item: dict[str, object] = {"values": dict(zip(COLUMNS, map(float, x), strict=True))}
-    if item_id:
-        item["id"] = item_id
-    return item
+def _values(x: np.ndarray) -> dict[str, object]:
+    return {"values": dict(zip(COLUMNS, map(float, x), strict=True))}
 
 
 def test_manifest_declares_sensors_and_policies(router_dir: Path) -> None:
@@ -60,12 +69,14 @@ def test_manifest_declares_sensors_and_policies(router_dir: Path) -> None:
     assert all((router_dir / p.file).is_file() for p in dag.policies)
 
 
-def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestClient) -> None:
+def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(
+    client: TestClient, store: SensorStore
+) -> None:
     x, y = make_router_data(200, seed=9)
     right, routed, costs = 0, 0, []
     for i, (row, label) in enumerate(zip(x, y, strict=True)):
         r = client.post(
-            "/predict", json={"model": "router", "item": _item(row, f"r{i}"), "budget": 6.0}
+            "/predict", json={"model": "router", "item": store.item(row, f"r{i}"), "budget": 6.0}
         )
         assert r.status_code == 200, r.text
         body = r.json()
@@ -74,9 +85,11 @@ def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestCl
         assert path[0] == [] and path[1] == ["r"], path
         expected = "a" if row[0] > 0 else "b"
         routed += len(path) == 3 and set(path[2]) == {"r", expected}
-        assert body["cost"]["spent"] == pytest.approx(
-            sum({"r": 1.0, "a": 5.0, "b": 5.0}[s] for s in body["cost"]["extracted"])
-        )
+        assert body["cost"]["charged"] == {
+            s: {"r": 1.0, "a": 5.0, "b": 5.0}[s] for s in body["cost"]["extracted"]
+        }
+        assert body["cost"]["spent"] == pytest.approx(sum(body["cost"]["charged"].values()))
+        assert body["cost"]["given"] == [] and body["next_sensor"] is None
         assert body["cost"]["spent"] <= 6.0
         costs.append(body["cost"]["spent"])
         right += body["prediction"] == str(label)
@@ -86,20 +99,32 @@ def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(client: TestCl
 
 
 @pytest.mark.parametrize("budget", [0.5, 1.0, 3.0, 5.5, 11.0])
-def test_budget_is_a_hard_cap(client: TestClient, budget: float) -> None:
+def test_budget_is_a_hard_cap(client: TestClient, store: SensorStore, budget: float) -> None:
     x, _ = make_router_data(40, seed=3)
-    for row in x:
+    for i, row in enumerate(x):
+        item = store.item(row, f"cap-{budget}-{i}")
         body = client.post(
-            "/predict", json={"model": "router", "item": _item(row), "budget": budget}
+            "/predict", json={"model": "router", "item": item, "budget": budget}
         ).json()
         assert body["cost"]["spent"] <= budget
         assert body["deadline_exceeded"] is False
         assert set(body["features"]) <= set(body["cost"]["extracted"])
 
 
-def test_cached_sensors_are_free(client: TestClient) -> None:
+def test_values_sent_are_in_hand_and_free(client: TestClient) -> None:
+    x, _ = make_router_data(20, seed=12)
+    for row in x:
+        body = client.post(
+            "/predict", json={"model": "router", "item": _values(row), "budget": 6.0}
+        ).json()
+        assert body["cost"]["spent"] == 0.0 and body["cost"]["extracted"] == []
+        assert sorted(body["cost"]["given"]) == ["a", "b", "r"] and body["next_sensor"] is None
+        assert set(body["features"]) <= {"a", "b", "r"} and body["answered_by"] != "prior"
+
+
+def test_cached_sensors_are_free(client: TestClient, store: SensorStore) -> None:
     x, _ = make_router_data(1, seed=4)
-    body = {"model": "router", "item": _item(x[0], "cached-row"), "budget": 6.0}
+    body = {"model": "router", "item": store.item(x[0], "cached-row"), "budget": 6.0}
     first = client.post("/predict", json=body).json()
     second = client.post("/predict", json=body).json()
     assert first["cost"]["spent"] > 0
@@ -108,12 +133,19 @@ def test_cached_sensors_are_free(client: TestClient) -> None:
     assert second["prediction"] == first["prediction"]
 
 
-def test_tabular_bad_input_is_a_422(client: TestClient) -> None:
-    r = client.post(
-        "/predict", json={"model": "router", "budget": 6.0, "item": {"values": {"r": 1.0}}}
-    )
+@pytest.mark.parametrize(
+    ("item", "mentions"),
+    [
+        ({"values": {"r": 1.0, "zz": 2.0}}, "'zz'"),
+        ({"values": {"r": "high"}}, "values.r"),
+        ({"id": 7}, "item.id"),
+    ],
+)
+def test_tabular_bad_input_is_a_422(client: TestClient, item: object, mentions: str) -> None:
+    r = client.post("/predict", json={"model": "router", "budget": 6.0, "item": item})
     assert r.status_code == 422
-    assert "a1" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_item"
+    assert mentions in r.json()["error"]["message"]
 
 
 def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
@@ -233,10 +265,12 @@ def test_hard_cap_cuts_walks_that_would_overspend(built: tuple[Path, list]) -> N
     assert cut >= len(x) // 2, "the cap must actually cut walks in this test"
 
 
-def test_partially_cached_sensors_make_an_operating_point_affordable(client: TestClient) -> None:
+def test_partially_cached_sensors_make_an_operating_point_affordable(
+    client: TestClient, store: SensorStore
+) -> None:
     x, _ = make_router_data(40, seed=11)
     row = next(r for r in x if r[0] > 0.5)  # routed to a
-    item = _item(row, "partial-cache")
+    item = store.item(row, "partial-cache")
     warm = client.post("/predict", json={"model": "router", "item": item, "budget": 6.0}).json()
     assert set(warm["cost"]["extracted"]) == {"r", "a"}
     # r and a are now cached: the operating point that costs 6 on average is affordable with a

@@ -316,17 +316,20 @@ def test_a_system_that_buys_no_feature_exports_as_a_prior(tmp_path: Path) -> Non
         assert point.mean_cost == 0.0
 
 
-def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) -> None:
+def test_a_trained_gating_bundle_is_served_exactly_as_trained(
+    tmp_path: Path, redis_url: str
+) -> None:
     """Build with the real builder, serve with the real app: for every exported operating point
     (pinned with a one-point strategy, budget covering every feature) each held-out row is
     routed, answered and predicted exactly as the fitted estimator does offline, and spends
-    the features the estimator says it acquires."""
+    the features the estimator says it acquires (rows in a real Redis, requests send ids)."""
     from fastapi.testclient import TestClient
 
     from service.bundle import write_manifest
     from service.cache import InProcessCache
     from service.http import create_app
     from service.settings import Settings
+    from tests.support.sensor_store import SensorStore
 
     X, y = _data(3, n=900, seed=4)
     cols = [f"f{i}" for i in range(8)]
@@ -354,7 +357,9 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
     write_manifest(out, manifest.model_copy(update={"strategies": [strategy, *pinned]}))
     full = sum(costs.values())
     rows = X[:40]
-    app = create_app(Settings(models_dir=tmp_path), cache=InProcessCache(1 << 20))
+    store = SensorStore(redis_url, cols)
+    settings = Settings(models_dir=tmp_path, sensor_sources={"served": {"*": store.source()}})
+    app = create_app(settings, cache=InProcessCache(1 << 20))
     routed_somewhere = False
     with TestClient(app) as client:
         for point in strategy.points:
@@ -372,10 +377,7 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(tmp_path: Path) ->
                     "model": "served",
                     "strategy": f"only-{point.id}",
                     "budget": full + 1,
-                    "item": {
-                        "id": f"{point.id}/{i}",  # a fresh id: nothing cached
-                        "values": dict(zip(cols, map(float, row), strict=True)),
-                    },
+                    "item": store.item(row, f"{point.id}/{i}"),  # a fresh id: nothing cached
                 }
                 r = client.post("/predict", json=body)
                 assert r.status_code == 200, r.text

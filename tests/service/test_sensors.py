@@ -1,0 +1,354 @@
+"""Sensors that are really acquired: a DAG bundle served with its sensor values in a real
+Redis (an online feature store) or behind a real HTTP server; items that carry only their
+id, or part of their values; and what the answer is when a sensor cannot be had."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from service.cache import InProcessCache
+from service.http import create_app
+from service.settings import Settings
+from service.sources import SensorSource
+from tests.conftest import ROUTER_COLUMNS, free_port
+from tests.support.sensor_store import SensorStore
+from training.data.synthetic import make_router_data
+
+pytestmark = pytest.mark.redis
+
+COSTS = {"r": 1.0, "a": 5.0, "b": 5.0}
+
+
+@pytest.fixture
+def own_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of this test's own, so that the test can kill it."""
+    port = free_port()
+    try:
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.terminate()
+        pytest.fail(f"redis-server on port {port} did not answer PING within 5 s")
+    yield f"redis://127.0.0.1:{port}/0", proc
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _client(bundle_dir: Path, sources: dict[str, Any] | None = None) -> TestClient:
+    parsed = {
+        sensor: SensorSource.model_validate(source) for sensor, source in (sources or {}).items()
+    }
+    settings = Settings(
+        models_dir=bundle_dir.parent, sensor_sources={bundle_dir.name: parsed} if parsed else {}
+    )
+    return TestClient(create_app(settings, cache=InProcessCache(1 << 20)))
+
+
+def _predict(client: TestClient, item: dict[str, Any], budget: float = 6.0) -> dict[str, Any]:
+    r = client.post("/predict", json={"model": "router", "item": item, "budget": budget})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def _routed_to(row: np.ndarray) -> str:
+    """The expensive sensor that holds a router row's label (the problem's construction)."""
+    return "a" if row[0] > 0 else "b"
+
+
+def test_items_with_only_an_id_are_acquired_from_redis_and_a_down_redis_is_no_500(
+    router_bundle_dir: Path, own_redis: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    url, server = own_redis
+    store = SensorStore(url, ROUTER_COLUMNS)
+    x, y = make_router_data(80, seed=21)
+    with _client(router_bundle_dir, {"*": store.source(timeout_ms=200)}) as client:
+        right = 0
+        for i, (row, label) in enumerate(zip(x[:40], y[:40], strict=True)):
+            body = _predict(client, store.item(row, f"p{i}"))
+            cost = body["cost"]
+            assert cost["given"] == [] and cost["cached"] == []
+            assert cost["extracted"][0] == "r" and len(cost["extracted"]) == 2, body["path"]
+            assert cost["charged"] == {s: COSTS[s] for s in cost["extracted"]}
+            assert cost["spent"] == pytest.approx(sum(cost["charged"].values()))
+            assert cost["unit"] == "units" and set(body["timings_ms"]) == {
+                "extraction",
+                "inference",
+                "queued",
+            }
+            assert body["next_sensor"] is None and body["unavailable"] == {}
+            right += body["prediction"] == str(label)
+        assert right >= 36, "acquired values are the row's: the answers are right"
+
+        server.terminate()
+        server.wait(timeout=10)
+        for i, row in enumerate(x[40:60]):
+            # Only the id: nothing in hand, the first sensor cannot be had.
+            body = _predict(client, {"id": f"down{i}"})
+            assert body["next_sensor"] == "r" and body["answered_by"] == "prior"
+            assert "Redis at redis://127.0.0.1" in body["unavailable"]["r"]
+            assert body["cost"]["spent"] == 0.0 and body["cost"]["extracted"] == []
+            # r sent: the policy wants the sensor r points to; r's model answers meanwhile.
+            body = _predict(client, {"id": f"down{i}", "values": {"r": float(row[0])}})
+            assert body["cost"]["given"] == ["r"] and body["cost"]["spent"] == 0.0
+            assert body["next_sensor"] == _routed_to(row), body
+            # r alone says where the label is, not what it is: r's model or the prior answers.
+            assert set(body["features"]) <= {"r"}
+        sources = {
+            e["name"]: e["source"] for e in client.get("/models/router").json()["extractors"]
+        }
+        redis_hash = {"plugin": "redis_hash", "charge": "declared"}
+        assert sources == {"r": redis_hash, "a": redis_hash, "b": redis_hash}
+        metrics = client.get("/metrics").text
+        assert 'budgetserve_sensor_unavailable_total{model="router",sensor="r"} 20.0' in metrics
+
+
+def test_acquired_sensors_route_as_the_policy_says(router_bundle_dir: Path, redis_url: str) -> None:
+    store = SensorStore(redis_url, ROUTER_COLUMNS)
+    x, _ = make_router_data(60, seed=22)
+    with _client(router_bundle_dir, {"*": store.source()}) as client:
+        second = [_predict(client, store.item(row))["cost"]["extracted"][1:] for row in x]
+    agree = sum(s == [_routed_to(row)] for s, row in zip(second, x, strict=True))
+    assert agree >= 0.9 * len(x), "r's value, fetched from Redis, decides what is bought next"
+
+
+def test_store_gaps_name_the_sensor_and_the_reason(router_bundle_dir: Path, redis_url: str) -> None:
+    store = SensorStore(redis_url, ROUTER_COLUMNS)
+    x, _ = make_router_data(20, seed=23)
+    row = next(r for r in x if r[0] > 0.5)  # routed to a
+    with _client(router_bundle_dir, {"*": store.source()}) as client:
+        body = _predict(client, {"id": "nobody"})
+        assert body["next_sensor"] == "r"
+        assert "no Redis hash 'entity-" in body["unavailable"]["r"]
+        assert ":nobody'" in body["unavailable"]["r"]
+        store.client.hset(store.prefix + "half", mapping={"r": str(row[0]), "a2": "1.0"})
+        body = _predict(client, {"id": "half"})
+        assert body["cost"]["extracted"] == ["r"] and body["next_sensor"] == "a"
+        assert "has no value for 'a1'" in body["unavailable"]["a"]
+        assert set(body["features"]) <= {"r"} and body["cost"]["spent"] == 1.0
+        store.client.hset(store.prefix + "text", mapping={"r": "high"})
+        body = _predict(client, {"id": "text"})
+        assert "holds 'high' for 'r', not a finite number" in body["unavailable"]["r"]
+        # A value sent with the item wins over the store's.
+        store.put([-1.0, 0.0, 0.0, 0.0, 0.0], "sent-wins")
+        body = _predict(client, {"id": "sent-wins", "values": {"r": float(row[0])}})
+        assert body["cost"]["given"] == ["r"] and body["cost"]["extracted"] == ["a"]
+
+
+def test_without_an_acquirer_the_answer_names_the_sensor_to_collect(
+    router_bundle_dir: Path,
+) -> None:
+    x, _ = make_router_data(30, seed=24)
+    with _client(router_bundle_dir) as client:
+        detail = client.get("/models/router").json()
+        assert {e["source"]["plugin"] for e in detail["extractors"]} == {"sensor"}
+        empty: list[dict[str, Any]] = [{}, {"id": "p-1"}, {"values": {}}]
+        for item in empty:
+            body = _predict(client, item)
+            assert body["answered_by"] == "prior" and body["next_sensor"] == "r"
+            assert "BUDGETSERVE_SENSOR_SOURCES" in body["unavailable"]["r"]
+        for row in x[:10]:
+            body = _predict(client, {"values": {"r": float(row[0])}})
+            assert body["next_sensor"] == _routed_to(row) and set(body["features"]) <= {"r"}
+            assert "did not send" in body["unavailable"][body["next_sensor"]]
+            # The client collects that sensor and asks again: now it is answered in full.
+            cols = {"a": ["a1", "a2"], "b": ["b1", "b2"]}[body["next_sensor"]]
+            more = {c: float(row[ROUTER_COLUMNS.index(c)]) for c in cols}
+            again = _predict(client, {"values": {"r": float(row[0]), **more}})
+            assert again["next_sensor"] is None and again["cost"]["spent"] == 0.0
+            assert set(again["features"]) == {"r", body["next_sensor"]}
+
+
+class _Rows(BaseHTTPRequestHandler):
+    """GET /rows/<id> → the row as JSON; /slow/<id> answers after 0.5 s; others 404."""
+
+    rows: ClassVar[dict[str, dict[str, float]]] = {}
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        kind, _, quoted = self.path.strip("/").partition("/")
+        item_id = urllib.parse.unquote(quoted)
+        self.seen.append(self.path)
+        if kind == "slow":
+            time.sleep(0.5)
+        row = self.rows.get(item_id)
+        if row is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        payload = json.dumps({"values": row} if kind == "wrapped" else row).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+            return
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def row_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Rows)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_http_acquirer_fetches_rows_and_reports_failures(
+    router_bundle_dir: Path, row_server: str
+) -> None:
+    x, y = make_router_data(30, seed=25)
+    _Rows.rows = {
+        f"id {i}/x": dict(zip(ROUTER_COLUMNS, map(float, r), strict=True)) for i, r in enumerate(x)
+    }
+    sources = {
+        "*": {"plugin": "http", "url": row_server + "/rows/{id}", "timeout_ms": 2000},
+        "b": {"plugin": "http", "url": row_server + "/wrapped/{id}", "timeout_ms": 2000},
+    }
+    with _client(router_bundle_dir, sources) as client:
+        right = 0
+        for i, label in enumerate(y):
+            body = _predict(client, {"id": f"id {i}/x"})
+            assert body["next_sensor"] is None, body["unavailable"]
+            assert body["cost"]["charged"] == {s: COSTS[s] for s in body["cost"]["extracted"]}
+            right += body["prediction"] == str(label)
+        assert right >= 27
+        assert "/rows/id%201%2Fx" in _Rows.seen, "the id is URL-quoted into the template"
+        assert any(p.startswith("/wrapped/") for p in _Rows.seen), "b from its own source"
+        body = _predict(client, {"id": "unknown"})
+        assert body["next_sensor"] == "r" and "answered HTTP 404" in body["unavailable"]["r"]
+    slow = {"*": {"plugin": "http", "url": row_server + "/slow/{id}", "timeout_ms": 100}}
+    with _client(router_bundle_dir, slow) as client:
+        t0 = time.perf_counter()
+        body = _predict(client, {"id": "id 0/x"})
+        assert time.perf_counter() - t0 < 0.45, "the acquirer waited past its timeout"
+        assert body["next_sensor"] == "r" and "timed out" in body["unavailable"]["r"]
+    with _client(
+        router_bundle_dir, {"*": {"plugin": "http", "url": "http://127.0.0.1:9/{id}"}}
+    ) as client:
+        body = _predict(client, {"id": "x"})
+        assert body["next_sensor"] == "r" and "failed" in body["unavailable"]["r"]
+
+
+def test_measured_charge_is_the_acquisition_time_in_ms(tmp_path: Path, row_server: str) -> None:
+    from training.bundles.dag import DagSpec, build_dag_bundle
+
+    spec = DagSpec(
+        name="router",
+        label="label",
+        sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
+        costs={"r": 50.0, "a": 250.0, "b": 250.0},
+        unit="ms",
+        cost_scales=[0.0],
+    )
+    x, y = make_router_data(600, seed=26)
+    build_dag_bundle(tmp_path / "router", spec, x, y.astype(str), ROUTER_COLUMNS)
+    _Rows.rows = {
+        f"m{i}": dict(zip(ROUTER_COLUMNS, map(float, r), strict=True)) for i, r in enumerate(x[:5])
+    }
+    sources = {
+        "*": {
+            "plugin": "http",
+            "url": row_server + "/slow/{id}",
+            "timeout_ms": 2000,
+            "charge": "measured",
+        }
+    }
+    with _client(tmp_path / "router", sources) as client:
+        for i in range(3):
+            t0 = time.perf_counter()
+            body = _predict(client, {"id": f"m{i}"}, budget=10_000.0)
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
+            charged = body["cost"]["charged"]
+            assert charged, body
+            assert all(500.0 <= c <= elapsed_ms for c in charged.values()), charged
+            assert body["cost"]["spent"] == pytest.approx(sum(charged.values()))
+            assert body["cost"]["unit"] == "ms"
+
+
+@pytest.mark.parametrize(
+    ("sources", "mentions"),
+    [
+        ({"zz": {"plugin": "http", "url": "http://x/{id}"}}, "names ['zz'], which are not sensors"),
+        ({"*": {"plugin": "nope"}}, "'nope' is not installed"),
+        ({"*": {"plugin": "redis_hash", "url": "redis://127.0.0.1:1/0", "key": "k"}}, "'{id}'"),
+        ({"*": {"plugin": "http", "url": "ftp://x/{id}"}}, "http:// or https://"),
+        ({"r": {"plugin": "thumbnail"}}, "unusable"),
+        (
+            {"*": {"plugin": "http", "url": "http://x/{id}", "charge": "measured"}},
+            "charge 'measured' charges milliseconds, but the bundle's costs are in 'units'",
+        ),
+    ],
+)
+def test_bad_sources_keep_the_bundle_out_with_a_reason(
+    router_bundle_dir: Path, sources: dict[str, Any], mentions: str
+) -> None:
+    with _client(router_bundle_dir, sources) as client:
+        r = client.post("/predict", json={"model": "router", "item": {"id": "x"}, "budget": 6.0})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "model_not_ready"
+        assert mentions in r.json()["error"]["message"], r.json()
+
+
+def test_sources_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = {"pima": {"*": {"plugin": "redis_hash", "url": "redis://r:6379/0", "key": "p:{id}"}}}
+    monkeypatch.setenv("BUDGETSERVE_SENSOR_SOURCES", json.dumps(value))
+    source = Settings().sensor_sources["pima"]["*"]
+    assert source.plugin == "redis_hash"
+    assert source.params == {"url": "redis://r:6379/0", "key": "p:{id}"}
+
+
+def test_a_redis_that_does_not_answer_costs_one_timeout() -> None:
+    """A server that accepts connections and never answers (a hung Redis): the acquirer gives
+    up after its timeout_ms, once (no retries), and says so."""
+    import socket
+
+    from service.extractors.acquirers import RedisHashSensor
+    from service.extractors.base import FeatureUnavailable
+    from service.items import TabularRow
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        acquirer = RedisHashSensor(
+            columns=["x"], url=f"redis://127.0.0.1:{port}/0", key="k:{id}", timeout_ms=80
+        )
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with pytest.raises(FeatureUnavailable, match="did not answer \\(TimeoutError"):
+                acquirer.extract(TabularRow({}, "1"))
+            assert 0.07 < time.perf_counter() - t0 < 0.3
+        assert acquirer.extract(TabularRow({"x": 2.5}, "1")).tolist() == [2.5], "sent: no call"
