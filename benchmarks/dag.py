@@ -808,7 +808,9 @@ def full_budget(res: DatasetResult) -> list[str]:
                 continue
             diff = d.test_error - r.test_error
             se = paired_se(d.row_error, r.row_error)
-            parts.append(f"{ref}: {100 * r.test_error:.2f} % ({100 * diff:+.2f} points, SE {100 * se:.2f})")
+            parts.append(
+                f"{ref}: {100 * r.test_error:.2f} % ({100 * diff:+.2f} points, SE {100 * se:.2f})"
+            )
         lines.append(
             f"* **{dm}** at full budget (T = {res.max_cost:g}): {100 * d.test_error:.2f} % @ "
             f"{d.test_cost:.2f} sensors; " + "; ".join(parts) + "."

@@ -150,40 +150,34 @@ def lgbm_trees(est: Float32Lgbm) -> list[dict[str, Any]]:
     ``value`` (leaf values, 0 at internal nodes), root first. A row goes left iff
     ``float32(x[feature]) <= threshold``."""
     dump = est.model_.booster_.dump_model()
-    out = []
-    for info in dump["tree_info"]:
-        feature: list[int] = []
-        threshold: list[float] = []
-        left: list[int] = []
-        right: list[int] = []
-        value: list[float] = []
+    return [_flatten(info["tree_structure"]) for info in dump["tree_info"]]
 
-        def add(node: dict[str, Any]) -> int:
-            idx = len(feature)
-            feature.append(0)
-            threshold.append(0.0)
-            left.append(-1)
-            right.append(-1)
-            value.append(0.0)
-            if "leaf_value" in node or "split_feature" not in node:
-                value[idx] = float(node.get("leaf_value", 0.0))
-                return idx
-            if node.get("decision_type", "<=") != "<=":
-                raise ValueError(
-                    f"LightGBM split {node.get('decision_type')!r} cannot be exported; "
-                    "only numerical '<=' splits are supported"
-                )
-            feature[idx] = int(node["split_feature"])
-            threshold[idx] = f32_floor(float(node["threshold"]))
-            left[idx] = add(node["left_child"])
-            right[idx] = add(node["right_child"])
+
+def _flatten(root: dict[str, Any]) -> dict[str, Any]:
+    """One dumped LightGBM tree as the arrays of :func:`lgbm_trees` (pre-order)."""
+    tree: dict[str, list[Any]] = {k: [] for k in ("feature", "threshold", "left", "right", "value")}
+
+    def add(node: dict[str, Any]) -> int:
+        idx = len(tree["feature"])
+        for key, empty in (("feature", 0), ("threshold", 0.0), ("left", -1), ("right", -1)):
+            tree[key].append(empty)
+        tree["value"].append(0.0)
+        if "leaf_value" in node or "split_feature" not in node:
+            tree["value"][idx] = float(node.get("leaf_value", 0.0))
             return idx
+        if node.get("decision_type", "<=") != "<=":
+            raise ValueError(
+                f"LightGBM split {node.get('decision_type')!r} cannot be exported; "
+                "only numerical '<=' splits are supported"
+            )
+        tree["feature"][idx] = int(node["split_feature"])
+        tree["threshold"][idx] = f32_floor(float(node["threshold"]))
+        tree["left"][idx] = add(node["left_child"])
+        tree["right"][idx] = add(node["right_child"])
+        return idx
 
-        add(info["tree_structure"])
-        out.append(
-            {"feature": feature, "threshold": threshold, "left": left, "right": right, "value": value}
-        )
-    return out
+    add(root)
+    return tree
 
 
 def tree_scores(trees: list[dict[str, Any]], X: Any, n_outputs: int) -> FloatArray:

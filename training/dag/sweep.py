@@ -4,6 +4,7 @@ a DAG bundle exports.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -63,7 +64,7 @@ def sweep(
     while refine > len(added) and step > 0:
         points = sorted({p[0]: p for p in out + added}.values(), key=lambda p: p[0])
         mids = []
-        for lo, hi in zip(points, points[1:], strict=False):
+        for lo, hi in itertools.pairwise(points):
             if abs(lo[2] - hi[2]) <= step or (lo[0], hi[0]) in closed:
                 continue
             if (lo[0] > 0 and hi[0] / lo[0] < 1.0001) or hi[0] < 1e-9:

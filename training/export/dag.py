@@ -118,17 +118,14 @@ def _tree_ensemble(
                 attrs["target_nodeids"].append(i)
                 attrs["target_ids"].append(target)
                 attrs["target_weights"].append(float(tree["value"][i]))
-    return helper.make_node(
-        "TreeEnsembleRegressor",
-        [inp],
-        [out],
-        domain="ai.onnx.ml",
-        n_targets=n_targets,
-        aggregate_function="SUM",
-        post_transform="NONE",
-        base_values=[0.0] * n_targets,
+    extra: dict[str, Any] = {
+        "n_targets": n_targets,
+        "aggregate_function": "SUM",
+        "post_transform": "NONE",
+        "base_values": [0.0] * n_targets,
         **attrs,
-    )
+    }
+    return helper.make_node("TreeEnsembleRegressor", [inp], [out], domain="ai.onnx.ml", **extra)
 
 
 def _check_thresholds(trees: list[dict[str, Any]]) -> None:
@@ -146,8 +143,11 @@ def lgbm_classifier_onnx(est: Float32Lgbm, width: int) -> bytes:
     n_classes = len(est.classes_)
     n_out = 1 if n_classes == 2 else n_classes
     cols = list(range(width))
-    nodes = [_tree_ensemble([(t, i % n_out, cols) for i, t in enumerate(trees)], n_out,
-                            "features", "raw")]
+    nodes = [
+        _tree_ensemble(
+            [(t, i % n_out, cols) for i, t in enumerate(trees)], n_out, "features", "raw"
+        )
+    ]
     inits = []
     if n_classes == 2:
         inits.append(numpy_helper.from_array(np.ones((1, 1), dtype=np.float32), "one"))
@@ -226,7 +226,9 @@ def export_policy(
                     w[g] = float(node["weights"][j])
                 weights.append(w)
                 biases.append(float(node["bias"]))
-            tree.append(DagNode(left=child(node["left"]), right=child(node["right"]), logit=n_logits))
+            tree.append(
+                DagNode(left=child(node["left"]), right=child(node["right"]), logit=n_logits)
+            )
             n_logits += 1
         states.append(
             DagState(
@@ -236,8 +238,9 @@ def export_policy(
                 tree=tree,
             )
         )
-    onx = _policy_graph(model, learner, width, global_of_column, n_logits, weights, biases,
-                        poly, trees)
+    onx = _policy_graph(
+        model, learner, width, global_of_column, n_logits, weights, biases, poly, trees
+    )
     (folder / file).write_bytes(onx.SerializeToString())
     return DagPolicy(cost_scale=0.0, mean_cost=0.0, error=0.0, file=file, states=states)
 
