@@ -869,6 +869,7 @@ def render(
     skipped: Sequence[str],
     elapsed: float,
     images: Mapping[str, Path],
+    note: str = "",
 ) -> str:
     cs = ", ".join(f"{v:.3g}" for v in COST_SCALES)
     lines = prose(
@@ -884,6 +885,8 @@ def render(
         thresholds=", ".join(f"{t:g}" for t in THRESHOLDS),
         n_grid=N_GRID,
     )
+    if note:
+        lines += [note, ""]
     if skipped:
         lines += ["Skipped: " + "; ".join(skipped) + ".", ""]
     for res in results:
@@ -966,11 +969,16 @@ def doubts(results: Sequence[DatasetResult]) -> list[str]:
     return out
 
 
-def main(out_dir: Path | str = DEFAULT_OUT, only: Sequence[str] | None = None) -> list[Path]:
+def main(
+    out_dir: Path | str = DEFAULT_OUT,
+    only: Sequence[str] | None = None,
+    save: Path | None = None,
+) -> list[Path]:
     """Run the benchmark; write ``dag.md`` and ``dag_<dataset>.png`` into ``out_dir`` (a
     relative path is taken from the repository root). ``only``: data set keys to run (letter,
     pima, miniboone); the others are reported as left out. Every library runs on one thread
-    (the machine is shared; threads only oversubscribe it)."""
+    (the machine is shared; threads only oversubscribe it). ``save``: also pickle the results
+    there, for :func:`combine` (data sets run as separate processes, one report)."""
     from threadpoolctl import threadpool_limits
 
     t0 = time.perf_counter()
@@ -987,9 +995,51 @@ def main(out_dir: Path | str = DEFAULT_OUT, only: Sequence[str] | None = None) -
         for ds in found:
             results.append(run_dataset(ds))
             print(f"{ds.key}: {results[-1].seconds:.1f} s", flush=True)
+    if save is not None:
+        import pickle
+
+        save.write_bytes(pickle.dumps((results, skipped, time.perf_counter() - t0)))
+    return write_report(out, results, skipped, time.perf_counter() - t0)
+
+
+def combine(saved: Sequence[Path], out_dir: Path | str = DEFAULT_OUT) -> list[Path]:
+    """One report from runs saved by :func:`main` with ``save`` (e.g. one process per data
+    set): their results in the given order; the total time is the longest run's."""
+    import pickle
+
+    results: list[DatasetResult] = []
+    elapsed = 0.0
+    runs = []
+    for path in saved:
+        res, _skipped, seconds = pickle.loads(path.read_bytes())
+        results += res
+        elapsed = max(elapsed, seconds)
+        runs.append(f"{', '.join(r.dataset.key for r in res)} ({seconds:.0f} s)")
+    found = {r.dataset.key for r in results}
+    skipped = [f"{k}: not run" for k in ("letter", "pima", "miniboone") if k not in found]
+    out = Path(out_dir)
+    if not out.is_absolute():
+        out = ROOT / out
+    note = (
+        f"The data sets ran as {len(runs)} separate processes at the same time "
+        f"(`--only KEY --save FILE`, then `--combine`): {'; '.join(runs)}; the total above is "
+        "the longest."
+    )
+    return write_report(out, results, skipped, elapsed, note)
+
+
+def write_report(
+    out: Path,
+    results: Sequence[DatasetResult],
+    skipped: Sequence[str],
+    elapsed: float,
+    note: str = "",
+) -> list[Path]:
+    """``dag.md`` and one ``dag_<key>.png`` per data set into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
     images = {r.dataset.key: plot(r, out / f"dag_{r.dataset.key}.png") for r in results}
     md = out / "dag.md"
-    md.write_text(render(results, skipped, time.perf_counter() - t0, images), encoding="utf-8")
+    md.write_text(render(results, skipped, elapsed, images, note), encoding="utf-8")
     return [md, *images.values()]
 
 
@@ -999,6 +1049,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="DAG benchmark (writes docs/benchmarks/dag.md)")
     parser.add_argument("--only", help="comma-separated data sets: letter,pima,miniboone")
     parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument("--save", type=Path, help="also pickle the results to this file")
+    parser.add_argument(
+        "--combine", nargs="+", type=Path, help="write one report from --save files; run nothing"
+    )
     args = parser.parse_args()
-    for p in main(args.out, args.only.split(",") if args.only else None):
+    if args.combine:
+        paths = combine(args.combine, args.out)
+    else:
+        paths = main(args.out, args.only.split(",") if args.only else None, args.save)
+    for p in paths:
         print(p)

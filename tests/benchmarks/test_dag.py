@@ -130,3 +130,15 @@ def test_missing_data_is_skipped(tmp_path: Path) -> None:
     assert uci.load_miniboone(tmp_path) is None
     found, skipped = b.datasets(tmp_path)
     assert found == [] and len(skipped) == 3
+
+
+def test_saved_runs_combine_into_one_report(small: b.DatasetResult, tmp_path: Path) -> None:
+    import pickle
+
+    saved = tmp_path / "synthetic.pkl"
+    saved.write_bytes(pickle.dumps(([small], [], 12.5)))
+    paths = b.combine([saved], tmp_path / "out")
+    md = (tmp_path / "out" / "dag.md").read_text()
+    assert [p.name for p in paths] == ["dag.md", "dag_synthetic.png"]
+    assert "## synthetic" in md and "total run 12.5 s" in md
+    assert "letter: not run" in md and "Goal of issue 12 on synthetic" in md
