@@ -288,3 +288,19 @@ def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
     target["tree"][1]["left"] = 0  # a node pointing back to the root
     with pytest.raises(ValidationError, match="out of range"):
         Manifest.model_validate(cyclic)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"learner": "svm"}, "learner must be one of linear, poly2, poly3, gbrt, got 'svm'"),
+        ({"policy_learner": "tree"}, "policy_learner must be one of"),
+        ({"refine_scales": -1}, "refine_scales must be an int >= 0"),
+        ({"refine_scales": 2.5}, "refine_scales must be an int >= 0"),
+    ],
+)
+def test_spec_refuses_unknown_learners_and_bad_refinement(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(SPEC, **change).check()
