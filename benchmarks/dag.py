@@ -65,8 +65,11 @@ BoolArray = npt.NDArray[np.bool_]
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "docs/benchmarks"
 
-#: λ grid (cost of one sensor in units of one misclassification): 0 plus log-spaced values.
-COST_SCALES: tuple[float, ...] = (0.0, *(float(v) for v in np.geomspace(1e-3, 1.0, 25)))
+#: λ grid (cost of one sensor in units of one misclassification): 0 plus log-spaced values;
+#: the sweep then adds up to REFINE scales where neighbouring operating points' validation
+#: costs are more than one sensor apart (the adaptive grid of :func:`training.dag.sweep`).
+COST_SCALES: tuple[float, ...] = (0.0, *(float(v) for v in np.geomspace(1e-3, 1.0, 13)))
+REFINE = 24
 #: Cascade confidence thresholds (stop at a stage when max class probability >= τ); 1.01
 #: never stops early.
 THRESHOLDS: tuple[float, ...] = (
@@ -100,6 +103,12 @@ DAG = "DAG"
 FIXED = "best fixed subset"
 CASCADE = "fixed-order cascade"
 ALL = "all features"
+#: What a user would run instead, fitted on the training rows with library defaults, all
+#: features (single points at full cost; their names end with ALL).
+GB = "gradient boosting (HistGradientBoosting), all features"
+LR = "logistic regression, all features"
+#: The baselines built from the first variant's bank.
+MAIN = (FIXED, CASCADE, ALL)
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,6 +124,9 @@ class Variant:
     prefix: str = ""
     n_subsets: int | None = None
     methods: tuple[str, ...] = (FIXED, CASCADE)
+    learner: str = "linear"
+    policy_learner: str | None = None
+    folds: int = 5
 
 
 @dataclass
@@ -127,6 +139,8 @@ class Dataset:
     variants: list[Variant]
     setup: list[str] = field(default_factory=list)
     cost_scales: tuple[float, ...] = COST_SCALES
+    refine: int = REFINE
+    references: tuple[str, ...] = (GB, LR)
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,6 +382,7 @@ def evaluate_split(
     variant: Variant | None = None,
     thresholds: Sequence[float] = THRESHOLDS,
     random_state: int = RANDOM_STATE,
+    refine: int = 0,
 ) -> SplitResult:
     """Fit the DAG sweep on one split and build the candidates of the DAG and the baselines."""
     v = variant or Variant()
@@ -376,6 +391,10 @@ def evaluate_split(
         "sensors": dict(sensors),
         "n_subsets": v.n_subsets,
         "random_state": random_state,
+        "learner": v.learner,
+        "policy_learner": v.policy_learner,
+        "folds": v.folds,
+        "refine": refine,
     }
     with _quiet():
         out = sweep(split.X_train, split.y_train, split.X_val, split.y_val, cost_scales, **params)
@@ -445,13 +464,53 @@ class DatasetResult:
         return float(np.mean(errs)) if errs else float("nan")
 
 
+def reference_candidates(
+    split: Split, full_cost: float, methods: Sequence[str], random_state: int = RANDOM_STATE
+) -> dict[str, list[Candidate]]:
+    """What a user would run instead: gradient boosting and logistic regression on all
+    features, fitted on the training rows with library defaults (one candidate each, at the
+    cost of every sensor)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    makers = {
+        GB: lambda: HistGradientBoostingClassifier(random_state=random_state),
+        LR: lambda: make_pipeline(
+            StandardScaler(), LogisticRegression(max_iter=1000, random_state=random_state)
+        ),
+    }
+    out: dict[str, list[Candidate]] = {}
+    n_test = split.y_test.size
+    for name in methods:
+        with _quiet():
+            est = makers[name]().fit(split.X_train, split.y_train)
+        out[name] = [
+            Candidate(
+                label=name,
+                val_cost=full_cost,
+                val_error=float(np.mean(est.predict(split.X_val) != split.y_val)),
+                test_cost=np.full(n_test, full_cost),
+                test_error=np.asarray(est.predict(split.X_test) != split.y_test),
+            )
+        ]
+    return out
+
+
 def run_dataset(ds: Dataset) -> DatasetResult:
     t0 = time.perf_counter()
     splits: list[dict[str, SplitResult]] = []
+    full_cost = float(len(ds.sensors))
     for split in ds.splits:
         per: dict[str, SplitResult] = {}
         for v in ds.variants:
-            per[v.prefix] = evaluate_split(split, ds.sensors, cost_scales=ds.cost_scales, variant=v)
+            per[v.prefix] = evaluate_split(
+                split, ds.sensors, cost_scales=ds.cost_scales, variant=v, refine=ds.refine
+            )
+        if ds.references:
+            ref = reference_candidates(split, full_cost, ds.references)
+            per[ds.variants[0].prefix].candidates.update(ref)
         splits.append(per)
     methods = list(splits[0][ds.variants[0].prefix].candidates)
     for v in ds.variants[1:]:
@@ -485,9 +544,17 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 title="letter (UCI Letter Recognition, 26 classes; paper Fig. 3a)",
                 sensors=LETTER_SENSORS,
                 splits=letter,
-                targets=SMALL_TARGETS,
-                variants=[Variant()],
+                targets=(*SMALL_TARGETS, 4.0),
+                variants=[
+                    Variant(learner="gbrt", policy_learner="linear", folds=3, methods=MAIN),
+                    Variant(prefix="linear ", methods=()),
+                ],
                 setup=[
+                    "Learners: **DAG** = LightGBM classifier bank (`learner: gbrt`, 100 trees "
+                    "of 31 leaves, 3 folds for the out-of-fold losses) with linear policies "
+                    "(`policy_learner: linear`); **linear DAG** = the linear bank and policies "
+                    "(5 folds), for comparison. The fixed subsets and the cascade use the "
+                    "DAG's (LightGBM) bank.",
                     "Split: rows 1–12,000 train, 12,001–16,000 validation (together the usual "
                     "16,000-row training part), 16,001–20,000 test. 26 classes, used as is "
                     "(as the paper's Fig. 3a).",
@@ -514,9 +581,18 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 title="pima (Pima Indians Diabetes, binary; paper Fig. 3b)",
                 sensors=PIMA_SENSORS,
                 splits=pima,
-                targets=SMALL_TARGETS,
-                variants=[Variant()],
+                targets=(*SMALL_TARGETS, 4.0),
+                variants=[
+                    Variant(learner="poly2", policy_learner="linear", methods=MAIN),
+                    Variant(prefix="linear ", methods=()),
+                ],
                 setup=[
+                    "Learners: **DAG** = degree-2 polynomial logistic regressions in the bank "
+                    "(`learner: poly2`) with linear policies; **linear DAG** = the linear bank "
+                    "and policies. On 460 training rows LightGBM's bank was worse than either "
+                    "(one split: validation error 0.305 at λ = 0, against 0.188 for poly2 and "
+                    "0.169 for linear), so it is not used here. The fixed subsets and the "
+                    "cascade use the DAG's (poly2) bank.",
                     "Split: 768 rows, 5 stratified outer folds; each fold is the test set once "
                     "and the other 4/5 are split 75/25 (stratified) into train (460–461 rows) "
                     "and validation (153–154 rows). Choices are made per fold on its "
@@ -547,9 +623,21 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 title="MiniBooNE sample (binary, 50 single-feature sensors; paper Fig. 4a)",
                 sensors={f"f{i + 1}": [i] for i in range(50)},
                 splits=splits,
-                targets=(5.0, 10.0, 20.0),
-                variants=[Variant(prefix="", n_subsets=7, methods=(FIXED, CASCADE, ALL))],
+                targets=(5.0, 10.0, 20.0, 50.0),
+                variants=[
+                    Variant(
+                        n_subsets=7,
+                        learner="gbrt",
+                        policy_learner="linear",
+                        folds=3,
+                        methods=MAIN,
+                    ),
+                    Variant(prefix="linear ", n_subsets=7, methods=()),
+                ],
                 setup=[
+                    "Learners: **DAG** = LightGBM bank (`learner: gbrt`, 3 folds) with linear "
+                    "policies; **linear DAG** = the linear bank and policies (5 folds). The "
+                    "fixed unions and the cascade use the DAG's (LightGBM) bank.",
                     "Split: mbne_tiny_tr / tv / te as train / validation / test; rows holding "
                     f"the -999 'no measurement' sentinel dropped (tr {dropped['tr']}, tv "
                     f"{dropped['tv']}, te {dropped['te']}; left {sizes[0]} / {sizes[1]} / "
@@ -582,6 +670,10 @@ VARIANT_STYLES: dict[str, dict[str, Any]] = {
 
 
 def _style(method: str) -> dict[str, Any]:
+    if method == GB:
+        return {"color": "tab:green", "marker": "P", "markersize": 11, "linestyle": "none"}
+    if method == LR:
+        return {"color": "tab:purple", "marker": "X", "markersize": 10, "linestyle": "none"}
     for base in (DAG, FIXED, CASCADE, ALL):
         if method == base:
             return dict(STYLES[base])
@@ -642,7 +734,7 @@ def verdicts(res: DatasetResult) -> list[str]:
         prefix = dm[: -len(DAG)]
         bases = [m for m in res.methods if m.startswith(prefix) and m != dm]
         if prefix == "":
-            bases = [m for m in res.methods if m in (FIXED, CASCADE, ALL)]
+            bases = [m for m in res.methods if m in (FIXED, CASCADE)]
         for base in bases:
             if base.endswith(ALL):
                 continue
@@ -671,6 +763,8 @@ def verdicts(res: DatasetResult) -> list[str]:
                     f"cost {d.test_cost:.2f} vs {b.test_cost:.2f}) → {word}"
                 )
             mean_d, mean_b = res.mean_error(dm), res.mean_error(base)
+            grid_losses = grid_comparison(res, dm, base)
+            parts.append(grid_losses)
             lines.append(
                 f"* **{dm}** vs **{base}**: at the same budget T the DAG's test error is lower "
                 f"at {wins} of {len(parts)} budgets, higher at {losses}. "
@@ -678,6 +772,49 @@ def verdicts(res: DatasetResult) -> list[str]:
                 + f". Mean test error over the {N_GRID} budgets 0..{res.max_cost:g}: "
                 f"{100 * mean_d:.2f} % vs {100 * mean_b:.2f} %."
             )
+    return lines
+
+
+def grid_comparison(res: DatasetResult, dm: str, base: str) -> str:
+    """Over the plotted budget grid: at how many budgets ``dm``'s test error is above
+    ``base``'s, and by how much at most."""
+    diffs = []
+    for b in res.grid():
+        d, c = res.at(dm, float(b)), res.at(base, float(b))
+        if d is not None and c is not None:
+            diffs.append((d.test_error - c.test_error, float(b)))
+    worse = [(x, b) for x, b in diffs if x > 0]
+    if not worse:
+        return f"over the {len(diffs)} grid budgets where both answer: never higher"
+    x, b = max(worse)
+    return (
+        f"over the {len(diffs)} grid budgets where both answer: higher at {len(worse)}, "
+        f"by at most {100 * x:.2f} points (T = {b:.3g})"
+    )
+
+
+def full_budget(res: DatasetResult) -> list[str]:
+    """Each DAG variant at the full budget against every all-features model."""
+    lines = []
+    refs = [m for m in res.methods if m.endswith(ALL)]
+    for dm in [m for m in res.methods if m.endswith(DAG)]:
+        d = res.at(dm, res.max_cost)
+        if d is None:
+            continue
+        parts = []
+        for ref in refs:
+            r = res.at(ref, res.max_cost)
+            if r is None:
+                continue
+            diff = d.test_error - r.test_error
+            se = paired_se(d.row_error, r.row_error)
+            parts.append(
+                f"{ref}: {100 * r.test_error:.2f} % ({100 * diff:+.2f} points, SE {100 * se:.2f})"
+            )
+        lines.append(
+            f"* **{dm}** at full budget (T = {res.max_cost:g}): {100 * d.test_error:.2f} % @ "
+            f"{d.test_cost:.2f} sensors; " + "; ".join(parts) + "."
+        )
     return lines
 
 
@@ -699,15 +836,45 @@ def claim_holds(res: DatasetResult) -> tuple[bool, str]:
     return True, "the DAG's test error is <= every fixed structure's at every table budget"
 
 
+def goal(res: DatasetResult) -> str:
+    """Issue 12's goal for the DAG: at full budget within 1 point of gradient boosting on all
+    features, and at every grid budget no higher test error than the best fixed subset and
+    the fixed-order cascade."""
+    parts = []
+    d, g = res.at(DAG, res.max_cost), res.at(GB, res.max_cost)
+    if d is not None and g is not None:
+        diff = 100 * (d.test_error - g.test_error)
+        parts.append(
+            f"full budget vs gradient boosting {diff:+.2f} points "
+            f"({'met' if diff <= 1.0 else 'missed'}: within 1 point)"
+        )
+    for base in (FIXED, CASCADE):
+        if base in res.methods:
+            worse = sum(
+                1
+                for b in res.grid()
+                if (x := res.at(DAG, float(b))) is not None
+                and (y := res.at(base, float(b))) is not None
+                and x.test_error > y.test_error
+            )
+            parts.append(
+                f"vs {base}: higher test error at {worse} of {N_GRID} grid budgets "
+                f"({'met' if worse == 0 else 'missed'})"
+            )
+    return "; ".join(parts)
+
+
 def render(
     results: Sequence[DatasetResult],
     skipped: Sequence[str],
     elapsed: float,
     images: Mapping[str, Path],
+    note: str = "",
 ) -> str:
     cs = ", ".join(f"{v:.3g}" for v in COST_SCALES)
     lines = prose(
         "dag",
+        refine=REFINE,
         date=dt.date.today().isoformat(),
         platform=platform.platform(),
         processor=platform.processor() or platform.machine(),
@@ -718,8 +885,10 @@ def render(
         thresholds=", ".join(f"{t:g}" for t in THRESHOLDS),
         n_grid=N_GRID,
     )
+    if note:
+        lines += [note, ""]
     if skipped:
-        lines += ["Skipped (data missing): " + "; ".join(skipped) + ".", ""]
+        lines += ["Skipped: " + "; ".join(skipped) + ".", ""]
     for res in results:
         ds = res.dataset
         first = res.splits[0]
@@ -770,10 +939,14 @@ def render(
         holds, why = claim_holds(res)
         lines += ["", "Comparison:", ""]
         lines += verdicts(res)
+        lines += ["", "At full budget, against the all-features models (paired SE):", ""]
+        lines += full_budget(res)
         lines += [
             "",
             f"**Paper's claim (DAG ≥ fixed structures) on {ds.key}: "
             f"{'holds' if holds else 'does not hold'}** here — {why}.",
+            "",
+            f"**Goal of issue 12 on {ds.key}**: {goal(res)}.",
             "",
         ]
     lines += ["## Doubts", "", *doubts(results), ""]
@@ -796,25 +969,94 @@ def doubts(results: Sequence[DatasetResult]) -> list[str]:
     return out
 
 
-def main(out_dir: Path | str = DEFAULT_OUT) -> list[Path]:
+def main(
+    out_dir: Path | str = DEFAULT_OUT,
+    only: Sequence[str] | None = None,
+    save: Path | None = None,
+) -> list[Path]:
     """Run the benchmark; write ``dag.md`` and ``dag_<dataset>.png`` into ``out_dir`` (a
-    relative path is taken from the repository root)."""
+    relative path is taken from the repository root). ``only``: data set keys to run (letter,
+    pima, miniboone); the others are reported as left out. Every library runs on one thread
+    (the machine is shared; threads only oversubscribe it). ``save``: also pickle the results
+    there, for :func:`combine` (data sets run as separate processes, one report)."""
+    from threadpoolctl import threadpool_limits
+
     t0 = time.perf_counter()
     out = Path(out_dir)
     if not out.is_absolute():
         out = ROOT / out
     out.mkdir(parents=True, exist_ok=True)
     found, skipped = datasets()
+    if only is not None:
+        skipped += [f"{d.key}: left out of this run (`--only`)" for d in found if d.key not in only]
+        found = [d for d in found if d.key in only]
     results = []
-    for ds in found:
-        results.append(run_dataset(ds))
-        print(f"{ds.key}: {results[-1].seconds:.1f} s", flush=True)
+    with threadpool_limits(1):
+        for ds in found:
+            results.append(run_dataset(ds))
+            print(f"{ds.key}: {results[-1].seconds:.1f} s", flush=True)
+    if save is not None:
+        import pickle
+
+        save.write_bytes(pickle.dumps((results, skipped, time.perf_counter() - t0)))
+    return write_report(out, results, skipped, time.perf_counter() - t0)
+
+
+def combine(saved: Sequence[Path], out_dir: Path | str = DEFAULT_OUT) -> list[Path]:
+    """One report from runs saved by :func:`main` with ``save`` (e.g. one process per data
+    set): their results in the given order; the total time is the longest run's."""
+    import pickle
+
+    results: list[DatasetResult] = []
+    elapsed = 0.0
+    runs = []
+    for path in saved:
+        res, _skipped, seconds = pickle.loads(path.read_bytes())
+        results += res
+        elapsed = max(elapsed, seconds)
+        runs.append(f"{', '.join(r.dataset.key for r in res)} ({seconds:.0f} s)")
+    found = {r.dataset.key for r in results}
+    skipped = [f"{k}: not run" for k in ("letter", "pima", "miniboone") if k not in found]
+    out = Path(out_dir)
+    if not out.is_absolute():
+        out = ROOT / out
+    note = (
+        f"The data sets ran as {len(runs)} separate processes at the same time "
+        f"(`--only KEY --save FILE`, then `--combine`): {'; '.join(runs)}; the total above is "
+        "the longest."
+    )
+    return write_report(out, results, skipped, elapsed, note)
+
+
+def write_report(
+    out: Path,
+    results: Sequence[DatasetResult],
+    skipped: Sequence[str],
+    elapsed: float,
+    note: str = "",
+) -> list[Path]:
+    """``dag.md`` and one ``dag_<key>.png`` per data set into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
     images = {r.dataset.key: plot(r, out / f"dag_{r.dataset.key}.png") for r in results}
     md = out / "dag.md"
-    md.write_text(render(results, skipped, time.perf_counter() - t0, images), encoding="utf-8")
+    md.write_text(render(results, skipped, elapsed, images, note), encoding="utf-8")
     return [md, *images.values()]
 
 
 if __name__ == "__main__":
-    for p in main():
+    import argparse
+
+    parser = argparse.ArgumentParser(description="DAG benchmark (writes docs/benchmarks/dag.md)")
+    parser.add_argument("--only", help="comma-separated data sets: letter,pima,miniboone")
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument("--save", type=Path, help="also pickle the results to this file")
+    parser.add_argument(
+        "--combine", nargs="+", type=Path, help="write one report from --save files; run nothing"
+    )
+    args = parser.parse_args()
+    if args.combine:
+        paths = combine(args.combine, args.out)
+    else:
+        paths = main(args.out, args.only.split(",") if args.only else None, args.save)
+    for p in paths:
         print(p)

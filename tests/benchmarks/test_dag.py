@@ -35,11 +35,17 @@ def small() -> b.DatasetResult:
 
 
 def test_structure(small: b.DatasetResult) -> None:
-    assert small.methods == [b.DAG, b.FIXED, b.CASCADE]
+    assert small.methods == [b.DAG, b.FIXED, b.CASCADE, b.GB, b.LR]
     r = small.splits[0][""]
     assert r.n_states == 16
     cands = r.candidates
-    assert len(cands[b.DAG]) == len(SCALES)
+    # The given scales first, then those the adaptive grid added (at most REFINE).
+    labels = [c.label for c in cands[b.DAG]]
+    assert labels[: len(SCALES)] == [f"λ={cs:.3g}" for cs in SCALES]
+    assert len(SCALES) <= len(labels) <= len(SCALES) + b.REFINE
+    for ref in (b.GB, b.LR):
+        [c] = cands[ref]
+        assert c.val_cost == 4.0 and np.all(c.test_cost == 4.0) and 0.0 <= c.val_error <= 0.5
     assert len(cands[b.FIXED]) == 16  # every subset of 4 sensors, the empty one included
     # Cascade: stage 0 alone, then every threshold for each later last stage.
     assert len(cands[b.CASCADE]) == 1 + 4 * len(b.THRESHOLDS)
@@ -50,6 +56,9 @@ def test_structure(small: b.DatasetResult) -> None:
             assert c.test_cost.shape == (n_test,) and c.test_error.shape == (n_test,)
             assert 0.0 <= c.val_error <= 1.0 and c.val_cost >= 0.0
     for m in small.methods:
+        if m in (b.GB, b.LR):  # one point at full cost: nothing fits a smaller budget
+            assert small.at(m, 3.9) is None and small.at(m, 4.0) is not None
+            continue
         for t in small.dataset.targets:
             choice = small.at(m, t)
             assert choice is not None and choice.val_cost <= t + 1e-9
@@ -100,7 +109,7 @@ def test_alg2_groups_and_report(tmp_path: Path) -> None:
         cost_scales=(0.0, 0.05),
     )
     res = b.run_dataset(ds)
-    assert res.methods == [b.DAG, b.FIXED, b.ALL]
+    assert res.methods == [b.DAG, b.FIXED, b.ALL, b.GB, b.LR]
     for r in res.splits[0].values():
         assert r.groups[-1] == list(sensors)  # the full set is the last group
     assert res.at(b.ALL, 7.0) is None and res.at(b.ALL, 8.0) is not None
@@ -112,6 +121,7 @@ def test_alg2_groups_and_report(tmp_path: Path) -> None:
     assert png.stat().st_size > 0
     md = b.render([res], ["x: missing"], 1.0, {"many": png})
     assert "## many" in md and "x: missing" in md and "| DAG |" in md
+    assert "Goal of issue 12 on many" in md and "full budget vs gradient boosting" in md
 
 
 def test_missing_data_is_skipped(tmp_path: Path) -> None:
@@ -120,3 +130,15 @@ def test_missing_data_is_skipped(tmp_path: Path) -> None:
     assert uci.load_miniboone(tmp_path) is None
     found, skipped = b.datasets(tmp_path)
     assert found == [] and len(skipped) == 3
+
+
+def test_saved_runs_combine_into_one_report(small: b.DatasetResult, tmp_path: Path) -> None:
+    import pickle
+
+    saved = tmp_path / "synthetic.pkl"
+    saved.write_bytes(pickle.dumps(([small], [], 12.5)))
+    paths = b.combine([saved], tmp_path / "out")
+    md = (tmp_path / "out" / "dag.md").read_text()
+    assert [p.name for p in paths] == ["dag.md", "dag_synthetic.png"]
+    assert "## synthetic" in md and "total run 12.5 s" in md
+    assert "letter: not run" in md and "Goal of issue 12 on synthetic" in md

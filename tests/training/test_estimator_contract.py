@@ -60,11 +60,18 @@ def _dag() -> DagClassifier:
     )
 
 
+def _dag_nonlinear() -> DagClassifier:
+    dag = _dag()
+    dag.set_params(learner="gbrt", policy_learner="poly3")
+    return dag
+
+
 ESTIMATORS: dict[str, Callable[[], Any]] = {
     "adapt-lin": _adapt_lin,
     "l1": _l1,
     "adapt-gbrt": _gbrt,
     "dag": _dag,
+    "dag-gbrt-poly3": _dag_nonlinear,
 }
 
 

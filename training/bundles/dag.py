@@ -23,6 +23,7 @@ from service.bundle import (
 )
 from training.bundles.writer import bundle_version, provenance, staging
 from training.dag import DagClassifier, sweep
+from training.dag.learners import check_learner
 from training.data.tabular import (
     TabularSpec,
     column_positions,
@@ -40,17 +41,35 @@ __all__ = ["DagBuildResult", "DagExportMismatch", "DagSpec", "build_dag_bundle",
 @dataclass
 class DagSpec(TabularSpec):
     """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
-    plus the cost trade-offs to sweep and, for many sensors, the number of groups (Alg. 2)."""
+    plus the cost trade-offs to sweep, how many scales the adaptive grid may add between them
+    (``refine_scales``, see :func:`training.dag.sweep`), the learners of the classifier bank
+    and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``) and, for many sensors,
+    the number of groups (Alg. 2)."""
 
     cost_scales: list[float] = field(
         default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
     )
+    refine_scales: int = 16
+    learner: str = "linear"
+    policy_learner: str | None = None
     n_subsets: int | None = None
 
     def check(self) -> None:
         super().check()
         if not self.cost_scales or any(c < 0 for c in self.cost_scales):
             raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
+        if (
+            isinstance(self.refine_scales, bool)
+            or not isinstance(self.refine_scales, int)
+            or self.refine_scales < 0
+        ):
+            raise ValueError(
+                f"refine_scales must be an int >= 0 (cost scales the adaptive grid may add), "
+                f"got {self.refine_scales!r}"
+            )
+        check_learner(self.learner, "learner")
+        if self.policy_learner is not None:
+            check_learner(self.policy_learner, "policy_learner")
 
 
 @dataclass
@@ -89,6 +108,9 @@ def build_dag_bundle(
         n_subsets=spec.n_subsets,
         random_state=spec.seed,
         executor=executor,
+        refine=spec.refine_scales,
+        learner=spec.learner,
+        policy_learner=spec.policy_learner,
     )
     base = fits[0][1]
     classes = [str(c) for c in base.classes_]
@@ -153,6 +175,10 @@ def build_dag_bundle(
                     "sensors": spec.sensors,
                     "costs": costs,
                     "cost_scales": spec.cost_scales,
+                    "refine_scales": spec.refine_scales,
+                    "swept_scales": [f[0] for f in fits],
+                    "learner": spec.learner,
+                    "policy_learner": spec.policy_learner or spec.learner,
                     "n_subsets": spec.n_subsets,
                     "seed": spec.seed,
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},

@@ -14,8 +14,10 @@ Model
   new sensor, distinct states have distinct sensor sets, and a path never buys a sensor twice.
   The state's columns (:meth:`DagClassifier.state_columns`) are its sensors' columns, sensors in
   declaration order (the order of ``sensors``), each sensor's columns in the given order.
-* **Classifier bank**: one ``StandardScaler + LogisticRegression(C)`` per non-empty state on that
-  state's columns, refit on all training rows; the empty state predicts the training prior.
+* **Classifier bank**: one classifier of ``learner`` (:mod:`training.dag.learners`: ``linear``
+  = ``StandardScaler + LogisticRegression(C)``, ``poly2``/``poly3`` = the paper's polynomial
+  expansion before it, ``gbrt`` = LightGBM) per non-empty state on that state's columns, refit
+  on all training rows; the empty state predicts the training prior.
   The stop cost used to train the policies is the 0/1 loss of *out-of-fold* predictions
   (``cross_val_predict`` with ``folds`` stratified folds), so that policies do not learn from
   overfit training errors.
@@ -24,8 +26,9 @@ Model
   of f_s on the row), then one action per group g ∉ s in increasing group index (cost:
   ``cost_scale · cost(g | s) + cost_to_go(s ∪ g, row)``). The full state can only stop. The
   k-action cost-sensitive problem is solved by a **filter tree** (Beygelzimer, Langford &
-  Ravikumar 2007) of importance-weighted binary logistic regressions
-  (``StandardScaler + LogisticRegression(policy_C)``) on the state's columns only; the root sees
+  Ravikumar 2007) of importance-weighted binary classifiers of ``policy_learner`` (default:
+  ``learner``; the logistic regressions use ``policy_C``) on the state's columns only (for the
+  polynomial learners standardised by the training mean and scale); the root sees
   no columns and takes the constant action of minimum mean cost. After π_s is trained,
   ``cost_to_go(s, row)`` is the cost of the action π_s chooses for the row.
 * **Prediction** walks from the root applying the policies. With ``budget`` the acquisition cost
@@ -53,6 +56,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from service.types import FloatArray
 from training._validation import check_fitted, check_number, check_positive
+from training.dag.learners import check_learner, poly_degree
 from training.dag.policies import (
     _BankJob,
     _constant_path,
@@ -95,6 +99,8 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         weights are cost differences, in units of one misclassification).
     folds: stratified folds of the out-of-fold losses (and of Alg. 2's evaluations).
     random_state: seeds the folds and the solvers.
+    learner: the classifier bank's learner: ``linear``, ``poly2``, ``poly3`` or ``gbrt``.
+    policy_learner: the filter-tree nodes' learner (same choices); None: ``learner``.
 
     Fitted attributes
     -----------------
@@ -119,6 +125,8 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         policy_C: float = 1.0,
         folds: int = 5,
         random_state: int = 0,
+        learner: str = "linear",
+        policy_learner: str | None = None,
     ) -> None:
         self.sensors = sensors
         self.costs = costs
@@ -129,6 +137,8 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self.policy_C = policy_C
         self.folds = folds
         self.random_state = random_state
+        self.learner = learner
+        self.policy_learner = policy_learner
 
     # ---------------------------------------------------------------- validation
 
@@ -138,6 +148,9 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         check_number(self.cost_scale, "cost_scale")
         check_positive(self.C, "C")
         check_positive(self.policy_C, "policy_C")
+        check_learner(self.learner, "learner")
+        if self.policy_learner is not None:
+            check_learner(self.policy_learner, "policy_learner")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise ValueError(f"folds must be an int >= 2, got {self.folds!r}")
         if self.n_subsets is None:
@@ -229,13 +242,16 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         majority = int(np.argmax(self.prior_))
         self.classifiers_: dict[int, Any] = {0: None}
         self._losses: dict[int, FloatArray] = {0: (y_enc != majority).astype(np.float64)}
-        job = _BankJob(Xa, y_enc, self.C, self.folds, self.random_state)
+        job = _BankJob(Xa, y_enc, self.C, self.folds, self.random_state, str(self.learner))
         members = [s for s in self.states_ if s != 0]
         fitted = executor.map(_fit_bank_member, [self._cols(s) for s in members], shared=(job,))
         for s, (loss, clf) in zip(members, fitted, strict=True):
             self._losses[s] = loss
             self.classifiers_[s] = clf
         self.oof_error_: dict[int, float] = {s: float(self._losses[s].mean()) for s in self.states_}
+        std = Xa.std(axis=0)
+        self.input_mean_ = Xa.mean(axis=0)
+        self.input_scale_ = np.where(std > 0, std, 1.0)
 
         self._fit_policies(Xa)
         self.fit_seconds_ = time.perf_counter() - t0
@@ -245,6 +261,9 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         """Graph-Reduce (Alg. 1) with the current ``cost_scale`` over the fitted bank."""
         lam = float(self.cost_scale)
         n = Xa.shape[0]
+        learner = self.policy_learner_
+        standardise = poly_degree(learner) > 0
+        Za = (Xa - self.input_mean_) / self.input_scale_ if standardise else Xa
         ctg: dict[int, FloatArray] = {}
         self.policies_: dict[int, _Policy] = {}
         for s in sorted(self.states_, key=lambda s: (-_popcount(s), s)):
@@ -259,17 +278,28 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
                 nodes = _tree_layout(len(actions))
                 _constant_path(nodes, int(np.argmin(costs.mean(axis=0))))
             else:
-                Xs = Xa[:, self._cols(s)]
-                nodes = _train_filter_tree(Xs, costs, float(self.policy_C), self.random_state)
+                Zs = Za[:, self._cols(s)]
+                nodes = _train_filter_tree(
+                    Zs, costs, float(self.policy_C), self.random_state, learner
+                )
             policy = _Policy(actions=actions, nodes=nodes)
+            if standardise:
+                policy.mean = self.input_mean_[self._cols(s)]
+                policy.scale = self.input_scale_[self._cols(s)]
             self.policies_[s] = policy
             chosen = policy.predict(Xa[:, self._cols(s)])
             ctg[s] = costs[np.arange(n), chosen]
         self.train_objective_ = float(ctg[0].mean())
         d = {s: len(self.state_columns(s)) for s in self.states_}
         self._exported = {
-            s: [_export_node(node, d[s]) for node in p.nodes] for s, p in self.policies_.items()
+            s: [_export_node(node, d[s], p.mean, p.scale) for node in p.nodes]
+            for s, p in self.policies_.items()
         }
+
+    @property
+    def policy_learner_(self) -> str:
+        """The learner of the filter-tree nodes (``policy_learner``, else ``learner``)."""
+        return str(self.learner if self.policy_learner is None else self.policy_learner)
 
     def _with_cost_scale(self, cost_scale: float, X: Any) -> DagClassifier:
         """A copy sharing this model's groups and classifier bank, with policies retrained for

@@ -10,6 +10,13 @@ whose right child the rest. Nodes are numbered in pre-order (node 0 is the root)
 "constant": bool}`` meaning *go right iff* ``w · x_s + b > 0`` where ``x_s`` are the state's
 columns in the state's column order and the StandardScaler is folded into ``w`` and ``b``. A
 constant node has ``w = 0`` and ``b = +1`` (always right) or ``b = -1`` (always left).
+Non-linear nodes (:mod:`training.dag.learners`) replace ``weights``/``bias``'s input:
+
+* polynomial (``poly2``/``poly3``): ``"powers"`` (monomials x state columns), ``"mean"`` and
+  ``"scale"`` (the model's standardisation of the state's columns): go right iff
+  ``w · φ(z) + b > 0`` with ``z = (x_s - mean) / scale`` and ``φ_m(z) = Π_j z_j ** powers[m][j]``;
+* trees (``gbrt``): ``"trees"`` (:func:`~training.dag.learners.lgbm_trees`, feature indices
+  into the state's columns): go right iff the sum of the trees' leaf values is > 0.
 
 Binary node training: each training row's winners of the left and right subtrees (under the
 already trained lower nodes) are compared; label = 1 if the right winner is strictly cheaper,
@@ -26,12 +33,17 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
-from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 from service.types import FloatArray
+from training.dag.learners import (
+    Float32Lgbm,
+    fit_classifier,
+    lgbm_trees,
+    make_classifier,
+    tree_scores,
+)
 from training.dag.sensors import (
-    _MAX_ITER,
     _TIE,
     IntArray,
 )
@@ -84,13 +96,19 @@ def _constant_path(nodes: list[_Node], action: int) -> None:
 
 @dataclass
 class _Policy:
-    """The trained policy of one state: ``actions[a]`` is None for stop, else a group index."""
+    """The trained policy of one state: ``actions[a]`` is None for stop, else a group index.
+    ``mean``/``scale``: the fixed standardisation of the state's columns the nodes were
+    trained on (polynomial learners), else None."""
 
     actions: list[int | None]
     nodes: list[_Node]
+    mean: FloatArray | None = None
+    scale: FloatArray | None = None
 
     def predict(self, Xs: FloatArray) -> IntArray:
         """Action index per row (uses the fitted sklearn pipelines)."""
+        if self.mean is not None and self.scale is not None:
+            Xs = (Xs - self.mean) / self.scale
         n = Xs.shape[0]
         node_of = np.zeros(n, dtype=np.int64)
         out = np.full(n, -1, dtype=np.int64)
@@ -113,15 +131,6 @@ class _Policy:
         return out
 
 
-def _binary_pipeline(C: float, random_state: int) -> Pipeline:
-    return Pipeline(
-        [
-            ("scale", StandardScaler()),
-            ("clf", LogisticRegression(C=C, max_iter=_MAX_ITER, random_state=random_state)),
-        ]
-    )
-
-
 @dataclass(frozen=True)
 class _BankJob:
     """What every classifier-bank task reads (shared with the executor's workers once)."""
@@ -131,22 +140,25 @@ class _BankJob:
     C: float
     folds: int
     random_state: int
+    learner: str = "linear"
 
 
-def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, Pipeline]:
+def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, Any]:
     """One state's classifier on columns ``cols``: its out-of-fold 0/1 loss per training row
-    (seeded stratified folds) and the pipeline refit on every row."""
+    (seeded stratified folds) and the classifier refit on every row."""
     Xs = job.X[:, cols]
     cv = StratifiedKFold(n_splits=job.folds, shuffle=True, random_state=job.random_state)
-    oof = cross_val_predict(_binary_pipeline(job.C, job.random_state), Xs, job.y, cv=cv)
+    est = make_classifier(job.learner, job.C, job.random_state)
+    oof = cross_val_predict(est, Xs, job.y, cv=cv)
     loss = (np.asarray(oof) != job.y).astype(np.float64)
-    return loss, _binary_pipeline(job.C, job.random_state).fit(Xs, job.y)
+    return loss, make_classifier(job.learner, job.C, job.random_state).fit(Xs, job.y)
 
 
 def _train_filter_tree(
-    Xs: FloatArray, costs: FloatArray, C: float, random_state: int
+    Xs: FloatArray, costs: FloatArray, C: float, random_state: int, learner: str = "linear"
 ) -> list[_Node]:
-    """Train a filter tree for the cost matrix ``costs`` (rows x k actions) on features Xs."""
+    """Train a filter tree for the cost matrix ``costs`` (rows x k actions) on features Xs
+    (already standardised by the model for the polynomial learners)."""
     n, k = costs.shape
     nodes = _tree_layout(k)
     rows = np.arange(n)
@@ -168,9 +180,8 @@ def _train_filter_tree(
         elif labels_kept.size == 1:
             node.constant = bool(labels_kept[0] == 1)
         else:
-            est = _binary_pipeline(C, random_state)
-            est.fit(Xs[keep], label[keep], clf__sample_weight=weight[keep])
-            node.estimator = est
+            est = make_classifier(learner, C, random_state, standardised=True)
+            node.estimator = fit_classifier(est, Xs[keep], label[keep], weight[keep])
         if node.constant is not None:
             go_right = np.full(n, node.constant)
         else:
@@ -181,7 +192,9 @@ def _train_filter_tree(
     return nodes
 
 
-def _export_node(node: _Node, d: int) -> dict[str, Any]:
+def _export_node(
+    node: _Node, d: int, mean: FloatArray | None = None, scale: FloatArray | None = None
+) -> dict[str, Any]:
     if node.action is not None:
         return {"action": node.action}
     if node.constant is not None:
@@ -191,6 +204,30 @@ def _export_node(node: _Node, d: int) -> dict[str, Any]:
             "weights": np.zeros(d),
             "bias": 1.0 if node.constant else -1.0,
             "constant": True,
+        }
+    if isinstance(node.estimator, Float32Lgbm):
+        return {
+            "left": node.left,
+            "right": node.right,
+            "trees": lgbm_trees(node.estimator),
+            "constant": False,
+        }
+    if "poly" in node.estimator.named_steps:
+        poly: PolynomialFeatures = node.estimator.named_steps["poly"]
+        sp: StandardScaler = node.estimator.named_steps["scale_poly"]
+        lr: LogisticRegression = node.estimator.named_steps["clf"]
+        c = np.asarray(lr.coef_, dtype=np.float64)[0] / np.asarray(sp.scale_, dtype=np.float64)
+        b = float(lr.intercept_[0]) - float(np.dot(c, np.asarray(sp.mean_, dtype=np.float64)))
+        assert mean is not None and scale is not None
+        return {
+            "left": node.left,
+            "right": node.right,
+            "powers": np.asarray(poly.powers_, dtype=np.int64),
+            "mean": np.asarray(mean, dtype=np.float64),
+            "scale": np.asarray(scale, dtype=np.float64),
+            "weights": c,
+            "bias": b,
+            "constant": False,
         }
     scaler: StandardScaler = node.estimator.named_steps["scale"]
     clf: LogisticRegression = node.estimator.named_steps["clf"]
@@ -226,13 +263,32 @@ def decide_nodes(nodes: Sequence[Mapping[str, Any]], x: Any) -> Any:
             if "action" in node:
                 out[rows] = int(node["action"])
                 continue
-            w = np.asarray(node["weights"], dtype=np.float64)
-            margin = (
-                X2[rows] @ w + float(node["bias"])
-                if w.size
-                else np.full(rows.size, float(node["bias"]))
-            )
+            margin = node_margin(node, X2[rows])
             node_of[rows] = np.where(margin > 0, int(node["right"]), int(node["left"]))
             nxt.append(rows)
         pending = np.concatenate(nxt) if nxt else np.zeros(0, np.int64)
     return int(out[0]) if single else out
+
+
+def poly_terms(powers: Any, Z: FloatArray) -> FloatArray:
+    """The monomials ``Π_j Z[:, j] ** powers[m][j]`` (rows x monomials)."""
+    p = np.asarray(powers, dtype=np.int64)
+    out = np.ones((Z.shape[0], p.shape[0]))
+    for j in range(p.shape[1]):
+        for m in np.flatnonzero(p[:, j]):
+            out[:, m] *= Z[:, j] ** int(p[m, j])
+    return out
+
+
+def node_margin(node: Mapping[str, Any], X: FloatArray) -> FloatArray:
+    """The decision value of an internal exported node on rows of the state's columns (go
+    right iff > 0); see the module docstring for the node kinds."""
+    if node.get("constant") or not ("trees" in node or len(node.get("weights", ())) > 0):
+        return np.full(X.shape[0], float(node["bias"]))
+    if "trees" in node:
+        return tree_scores(node["trees"], X, 1)[:, 0]
+    w = np.asarray(node["weights"], dtype=np.float64)
+    if "powers" in node:
+        Z = (X - np.asarray(node["mean"])) / np.asarray(node["scale"])
+        return poly_terms(node["powers"], Z) @ w + float(node["bias"])
+    return X @ w + float(node["bias"])

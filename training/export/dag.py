@@ -1,6 +1,20 @@
 """A fitted DAG (:mod:`training.dag`) as ONNX: one classifier per state (the classifier bank)
-and one policy per state (its filter tree as a chain of linear decisions), each checked against
-the fitted model on rows before it is written (:class:`DagExportMismatch`).
+and one policy per operating point (every state's filter-tree decisions as the outputs of one
+graph), each checked against the fitted model on rows before it is written
+(:class:`DagExportMismatch`).
+
+The policy graph maps the policy input (every sensor's columns, zeros where not acquired) to
+one logit per non-constant node; the runtime goes right where a logit is > 0. By learner:
+
+* ``linear``: ``features @ W + b``;
+* ``poly2``/``poly3``: ``z = (features - mean) / scale``, the monomials of ``[1, z]`` that any
+  node uses (``Gather`` + ``Mul``), then ``@ W + b``;
+* ``gbrt``: one ``TreeEnsembleRegressor`` holding every node's trees, each tree feeding its
+  node's logit, thresholds the largest float32 <= LightGBM's (:func:`lgbm_trees`), so a float32
+  input takes the fitted branch at every split.
+
+Bank classifiers of the ``gbrt`` learner are exported the same way (trees, then sigmoid or
+softmax); the others go through skl2onnx.
 """
 
 from __future__ import annotations
@@ -16,7 +30,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from service.bundle import DagNode, DagPolicy, DagState, ModelSpec, model_id_for
 from training.dag import DagClassifier
+from training.dag.learners import Float32Lgbm, lgbm_trees
+from training.dag.policies import node_margin
 from training.export.sklearn import export_classifier, onnx_probabilities, verify_export
+
+_OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
 
 
 class DagExportMismatch(RuntimeError):
@@ -45,7 +63,10 @@ def export_bank(
             )
             continue
         cols = model.state_columns(state)
-        onnx_bytes = export_classifier(fitted, len(cols))
+        if isinstance(fitted, Float32Lgbm):
+            onnx_bytes = lgbm_classifier_onnx(fitted, len(cols))
+        else:
+            onnx_bytes = export_classifier(fitted, len(cols))
         verify_export(onnx_bytes, fitted, x_check[:, cols].astype(np.float32), model_id=model_id)
         file = f"state_{model_id.replace('+', '__')}.onnx"
         (folder / file).write_bytes(onnx_bytes)
@@ -61,6 +82,95 @@ def export_bank(
     return out
 
 
+def _tree_ensemble(
+    trees: list[tuple[dict[str, Any], int, list[int]]], n_targets: int, inp: str, out: str
+) -> onnx.NodeProto:
+    """A ``TreeEnsembleRegressor`` summing each tree (arrays of :func:`lgbm_trees`) into its
+    target; ``features`` maps a tree's feature index to the input column."""
+    attrs: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "nodes_treeids",
+            "nodes_nodeids",
+            "nodes_featureids",
+            "nodes_values",
+            "nodes_modes",
+            "nodes_truenodeids",
+            "nodes_falsenodeids",
+            "target_treeids",
+            "target_nodeids",
+            "target_ids",
+            "target_weights",
+        )
+    }
+    for t, (tree, target, features) in enumerate(trees):
+        for i, left in enumerate(tree["left"]):
+            leaf = left < 0
+            attrs["nodes_treeids"].append(t)
+            attrs["nodes_nodeids"].append(i)
+            attrs["nodes_featureids"].append(0 if leaf else features[tree["feature"][i]])
+            attrs["nodes_values"].append(0.0 if leaf else float(tree["threshold"][i]))
+            attrs["nodes_modes"].append("LEAF" if leaf else "BRANCH_LEQ")
+            attrs["nodes_truenodeids"].append(0 if leaf else int(left))
+            attrs["nodes_falsenodeids"].append(0 if leaf else int(tree["right"][i]))
+            if leaf:
+                attrs["target_treeids"].append(t)
+                attrs["target_nodeids"].append(i)
+                attrs["target_ids"].append(target)
+                attrs["target_weights"].append(float(tree["value"][i]))
+    extra: dict[str, Any] = {
+        "n_targets": n_targets,
+        "aggregate_function": "SUM",
+        "post_transform": "NONE",
+        "base_values": [0.0] * n_targets,
+        **attrs,
+    }
+    return helper.make_node("TreeEnsembleRegressor", [inp], [out], domain="ai.onnx.ml", **extra)
+
+
+def _check_thresholds(trees: list[dict[str, Any]]) -> None:
+    """Every exported threshold is a float32 (so ONNX stores it unchanged)."""
+    for tree in trees:
+        thr = np.asarray(tree["threshold"], dtype=np.float64)
+        if not np.array_equal(thr.astype(np.float32).astype(np.float64), thr):
+            raise DagExportMismatch("a tree threshold is not a float32 value; nothing written")
+
+
+def lgbm_classifier_onnx(est: Float32Lgbm, width: int) -> bytes:
+    """A fitted :class:`Float32Lgbm` as ONNX: ``features`` (N, width) -> ``probabilities``."""
+    trees = lgbm_trees(est)
+    _check_thresholds(trees)
+    n_classes = len(est.classes_)
+    n_out = 1 if n_classes == 2 else n_classes
+    cols = list(range(width))
+    nodes = [
+        _tree_ensemble(
+            [(t, i % n_out, cols) for i, t in enumerate(trees)], n_out, "features", "raw"
+        )
+    ]
+    inits = []
+    if n_classes == 2:
+        inits.append(numpy_helper.from_array(np.ones((1, 1), dtype=np.float32), "one"))
+        nodes += [
+            helper.make_node("Sigmoid", ["raw"], ["p1"]),
+            helper.make_node("Sub", ["one", "p1"], ["p0"]),
+            helper.make_node("Concat", ["p0", "p1"], ["probabilities"], axis=1),
+        ]
+    else:
+        nodes.append(helper.make_node("Softmax", ["raw"], ["probabilities"], axis=1))
+    graph = helper.make_graph(
+        nodes,
+        "dag_gbrt_classifier",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, n_classes])],
+        inits,
+    )
+    onx = helper.make_model(graph, opset_imports=_OPSET)
+    onx.ir_version = 8
+    onnx.checker.check_model(onx)
+    return bytes(onx.SerializeToString())
+
+
 def export_policy(
     folder: Path,
     file: str,
@@ -69,12 +179,17 @@ def export_policy(
     global_of_column: Mapping[int, int],
 ) -> DagPolicy:
     """The policy of every state as one ONNX logits model plus filter trees."""
-    weights: list[npt.NDArray[np.float64]] = []
+    learner = model.policy_learner_
+    weights: list[npt.NDArray[np.float64]] = []  # linear: per logit over the input
+    poly: list[tuple[dict[tuple[int, ...], float], float]] = []  # per logit: monomial -> w, b
+    trees: list[tuple[dict[str, Any], int, list[int]]] = []
     biases: list[float] = []
+    n_logits = 0
     states = []
     for state in model.states_:
         nodes = model.policy_nodes(state)
         cols = model.state_columns(state)
+        glob = [global_of_column[c] for c in cols]
         internal = [i for i, n in enumerate(nodes) if "action" not in n]
         index_of = {i: k for k, i in enumerate(internal)}
 
@@ -96,16 +211,25 @@ def export_policy(
                     )
                 )
                 continue
-            w = np.zeros(width)
-            for j, c in enumerate(cols):
-                w[global_of_column[c]] = float(node["weights"][j])
-            weights.append(w)
-            biases.append(float(node["bias"]))
+            if "trees" in node:
+                _check_thresholds(node["trees"])
+                trees += [(t, n_logits, glob) for t in node["trees"]]
+            elif "powers" in node:
+                terms: dict[tuple[int, ...], float] = {}
+                for p, w in zip(np.asarray(node["powers"]), node["weights"], strict=True):
+                    key = tuple(sorted(g + 1 for j, g in enumerate(glob) for _ in range(p[j])))
+                    terms[key] = terms.get(key, 0.0) + float(w)
+                poly.append((terms, float(node["bias"])))
+            else:
+                w = np.zeros(width)
+                for j, g in enumerate(glob):
+                    w[g] = float(node["weights"][j])
+                weights.append(w)
+                biases.append(float(node["bias"]))
             tree.append(
-                DagNode(
-                    left=child(node["left"]), right=child(node["right"]), logit=len(weights) - 1
-                )
+                DagNode(left=child(node["left"]), right=child(node["right"]), logit=n_logits)
             )
+            n_logits += 1
         states.append(
             DagState(
                 groups=state,
@@ -114,28 +238,97 @@ def export_policy(
                 tree=tree,
             )
         )
-    if not weights:  # every decision is constant: one unused logit keeps the graph valid
-        weights.append(np.zeros(width))
-        biases.append(0.0)
-    matrix = np.stack(weights, axis=1).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["features", "W"], ["xw"]),
-            helper.make_node("Add", ["xw", "b"], ["logits"]),
-        ],
-        "dag_policy",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, matrix.shape[1]])],
-        [
-            numpy_helper.from_array(matrix, "W"),
-            numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b"),
-        ],
+    onx = _policy_graph(
+        model, learner, width, global_of_column, n_logits, weights, biases, poly, trees
     )
-    onx = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onx.ir_version = 8
-    onnx.checker.check_model(onx)
     (folder / file).write_bytes(onx.SerializeToString())
     return DagPolicy(cost_scale=0.0, mean_cost=0.0, error=0.0, file=file, states=states)
+
+
+def _policy_graph(
+    model: DagClassifier,
+    learner: str,
+    width: int,
+    global_of_column: Mapping[int, int],
+    n_logits: int,
+    weights: list[npt.NDArray[np.float64]],
+    biases: list[float],
+    poly: list[tuple[dict[tuple[int, ...], float], float]],
+    trees: list[tuple[dict[str, Any], int, list[int]]],
+) -> onnx.ModelProto:
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    out_width = max(n_logits, 1)  # every decision constant: one unused logit keeps it valid
+    if learner == "gbrt" and n_logits:
+        nodes.append(_tree_ensemble(trees, n_logits, "features", "logits"))
+    elif poly:
+        mean = np.zeros(width)
+        scale = np.ones(width)
+        for c, g in global_of_column.items():
+            mean[g] = model.input_mean_[c]
+            scale[g] = model.input_scale_[c]
+        monos = sorted({k for terms, _ in poly for k in terms}, key=lambda k: (len(k), k))
+        degree = max(len(k) for k in monos)
+        index = {k: i for i, k in enumerate(monos)}
+        W = np.zeros((len(monos), n_logits))
+        for j, (terms, _) in enumerate(poly):
+            for k, w in terms.items():
+                W[index[k], j] += w
+        gathers = np.array([[*k, *([0] * (degree - len(k)))] for k in monos], dtype=np.int64).T
+        inits += [
+            numpy_helper.from_array(mean.astype(np.float32)[None, :], "mean"),
+            numpy_helper.from_array(scale.astype(np.float32)[None, :], "scale"),
+            numpy_helper.from_array(np.zeros((1, 1), dtype=np.float32), "zero"),
+            numpy_helper.from_array(np.ones((1, 1), dtype=np.float32), "one"),
+            numpy_helper.from_array(np.array([0], dtype=np.int64), "first"),
+            numpy_helper.from_array(W.astype(np.float32), "W"),
+            numpy_helper.from_array(np.asarray([b for _, b in poly], dtype=np.float32), "b"),
+        ]
+        nodes += [
+            helper.make_node("Sub", ["features", "mean"], ["centred"]),
+            helper.make_node("Div", ["centred", "scale"], ["z"]),
+            helper.make_node("Gather", ["features", "first"], ["col0"], axis=1),
+            helper.make_node("Mul", ["col0", "zero"], ["zeros"]),
+            helper.make_node("Add", ["zeros", "one"], ["ones"]),
+            helper.make_node("Concat", ["ones", "z"], ["z1"], axis=1),
+        ]
+        factors = []
+        for d in range(degree):
+            inits.append(numpy_helper.from_array(gathers[d], f"idx{d}"))
+            nodes.append(helper.make_node("Gather", ["z1", f"idx{d}"], [f"g{d}"], axis=1))
+            factors.append(f"g{d}")
+        prod = factors[0]
+        for d, f in enumerate(factors[1:], start=1):
+            nodes.append(helper.make_node("Mul", [prod, f], [f"prod{d}"]))
+            prod = f"prod{d}"
+        nodes += [
+            helper.make_node("MatMul", [prod, "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["logits"]),
+        ]
+    else:
+        if not weights:
+            weights.append(np.zeros(width))
+            biases.append(0.0)
+        matrix = np.stack(weights, axis=1).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(matrix, "W"),
+            numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", ["features", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["logits"]),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "dag_policy",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, out_width])],
+        inits,
+    )
+    onx = helper.make_model(graph, opset_imports=_OPSET if learner == "gbrt" else _OPSET[:1])
+    onx.ir_version = 8
+    onnx.checker.check_model(onx)
+    return onx
 
 
 def verify_policy(
@@ -146,14 +339,34 @@ def verify_policy(
     global_of_column: Mapping[int, int],
 ) -> None:
     """Every state's exported decision (ONNX logits + tree) equals the fitted policy's on
-    ``x``, except where the fitted margin is within float32 rounding of 0."""
+    ``x``, except where the ONNX margin is within float32 rounding of 0 (<= 1e-3); and every
+    ONNX logit equals its node's margin computed from the exported arrays in float64 on the
+    float32-rounded rows (trees: within 1e-4 relative, so a single split taken differently
+    fails; linear and polynomial: 1e-3 relative)."""
     inputs = np.zeros((len(x), len(global_of_column)), dtype=np.float32)
     for c, g in global_of_column.items():
         inputs[:, g] = x[:, c]
     logits = onnx_probabilities(path.read_bytes(), inputs)
+    x32 = x.astype(np.float32).astype(np.float64)
     for state_spec in policy.states:
         state = state_spec.groups
         cols = model.state_columns(state)
+        nodes = model.policy_nodes(state)
+        internal = [n for n in nodes if "action" not in n]
+        for node, spec in zip(internal, state_spec.tree, strict=True):
+            if spec.logit is None:
+                continue
+            want = node_margin(node, x32[:, cols])
+            got = logits[:, spec.logit].astype(np.float64)
+            rel = 1e-4 if "trees" in node else 1e-3
+            off = np.abs(got - want) > rel * np.maximum(1.0, np.abs(want))
+            if off.any():
+                worst = float(np.max(np.abs(got - want)))
+                raise DagExportMismatch(
+                    f"DAG policy {path.name}, state {state}, logit {spec.logit}: ONNX differs "
+                    f"from the exported node by up to {worst:.3g} on {int(off.sum())} of "
+                    f"{len(x)} rows; nothing written"
+                )
         expected = np.asarray(model.policy_action(state, x[:, cols]))
         walked = [_walk_tree(state_spec.tree, row) for row in logits]
         bad = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,8 +66,11 @@ def test_manifest_declares_sensors_and_policies(router_dir: Path) -> None:
         ("b", "sensor", 5.0),
     ]
     [dag] = m.strategies
-    assert dag.kind == "dag" and len(dag.policies) == 3
+    # The spec's three scales, then those the adaptive grid added (16 at most by default).
+    assert dag.kind == "dag" and 3 <= len(dag.policies) <= 3 + 16
+    assert [p.cost_scale for p in dag.policies[:3]] == [0.0, 0.03, 0.3]
     assert all((router_dir / p.file).is_file() for p in dag.policies)
+    assert m.provenance.parameters["learner"] == "linear"
 
 
 def test_dag_routes_each_item_to_the_sensor_that_holds_its_answer(
@@ -108,7 +112,8 @@ def test_budget_is_a_hard_cap(client: TestClient, store: SensorStore, budget: fl
         ).json()
         assert body["cost"]["spent"] <= budget
         assert body["deadline_exceeded"] is False
-        assert set(body["features"]) <= set(body["cost"]["extracted"])
+        # (a sensor bought at an earlier budget for the same row is in the cache)
+        assert set(body["features"]) <= {*body["cost"]["extracted"], *body["cost"]["cached"]}
 
 
 def test_values_sent_are_in_hand_and_free(client: TestClient) -> None:
@@ -187,11 +192,22 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "nope" in result.output
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:  # type: ignore[type-arg]
+@pytest.fixture(
+    scope="module",
+    params=[("linear", None, 16), ("poly3", "poly2", 2), ("gbrt", None, 2)],
+    ids=["linear", "poly3-bank-poly2-policies", "gbrt"],
+)
+def built(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[Path, list]:  # type: ignore[type-arg]
+    learner, policy_learner, refine = request.param
+    spec = dataclasses.replace(
+        SPEC, learner=learner, policy_learner=policy_learner, refine_scales=refine
+    )
     x, y = make_router_data(2000, seed=6)
     root = tmp_path_factory.mktemp("dag-equiv")
-    result = build_dag_bundle(root / "router", SPEC, x, y.astype(str), COLUMNS)
+    result = build_dag_bundle(root / "router", spec, x, y.astype(str), COLUMNS)
+    assert read_manifest(result.path).provenance.parameters["learner"] == learner
     return result.path, result.models
 
 
@@ -306,3 +322,19 @@ def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
     target["tree"][1]["left"] = 0  # a node pointing back to the root
     with pytest.raises(ValidationError, match="out of range"):
         Manifest.model_validate(cyclic)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"learner": "svm"}, "learner must be one of linear, poly2, poly3, gbrt, got 'svm'"),
+        ({"policy_learner": "tree"}, "policy_learner must be one of"),
+        ({"refine_scales": -1}, "refine_scales must be an int >= 0"),
+        ({"refine_scales": 2.5}, "refine_scales must be an int >= 0"),
+    ],
+)
+def test_spec_refuses_unknown_learners_and_bad_refinement(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(SPEC, **change).check()
