@@ -276,8 +276,11 @@ def _summary(p: SweepPoint) -> dict[str, Any]:
         "validation_accuracy": p.val_accuracy,
         "validation_cost": p.val_cost,
         "validation_fraction_full": p.val_fraction_full,
+        "validation_f1_accuracy": p.val_f1_accuracy,
         "test_accuracy": p.test_accuracy,
         "test_cost": p.test_cost,
+        "test_fraction_full": p.test_fraction_full,
+        "test_f1_accuracy": p.test_f1_accuracy,
     }
 
 
