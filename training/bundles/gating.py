@@ -36,10 +36,9 @@ from training.export.gating import (
     export_f0,
     export_system,
     system_outputs,
-    tolerant_deviation,
+    verify_f0,
     verify_system,
 )
-from training.export.sklearn import onnx_probabilities
 from training.gating import FittedF0, default_gbrt_f0
 from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
 
@@ -166,9 +165,10 @@ def build_gating_bundle(
 
     with staging(out_dir) as tmp:
         prior = np.asarray([np.mean(y_train == c) for c in classes])
-        f0_bytes = export_f0(f0.model, len(sensor_names))
-        _verify_f0(f0_bytes, f0.model, x_test)
-        (tmp / "f0.onnx").write_bytes(f0_bytes)
+        f0_exported = export_f0(f0.model, len(sensor_names), x_train)
+        verify_f0(f0_exported, f0.model, x_test)
+        assert f0_exported.onnx is not None
+        (tmp / "f0.onnx").write_bytes(f0_exported.onnx)
         models = [
             ModelSpec(
                 id="prior",
@@ -200,7 +200,7 @@ def build_gating_bundle(
         ]
         exported: dict[str, Any] = {"f0": f0.model}
         for point in front:
-            system = export_system(point.estimator)
+            system = export_system(point.estimator, x_train)
             if system.always_full:
                 continue  # the gate sends everything to f0: the f0 point already covers it
             verify_system(point.estimator, system, x_test, label=point.id)
@@ -305,9 +305,3 @@ def _low_model(
     return ModelSpec(
         id=model_id, features=features, accuracy=accuracy, file=file, input_dims=len(features)
     )
-
-
-def _verify_f0(model: bytes, fitted: Any, x: npt.NDArray[np.float64]) -> None:
-    got = onnx_probabilities(model, x.astype(np.float32)).astype(np.float64)
-    expected = np.asarray(fitted.predict_proba(x.astype(np.float32)), dtype=np.float64)
-    tolerant_deviation(got, expected, "f0")
