@@ -4,6 +4,7 @@ fraction, routed fractions and f1-alone accuracies in the sweep, cross-fitted f1
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import make_classification
 
+from training.bundles.gating import GatingSpec, build_gating_bundle
 from training.gating import AdaptGbrt, FittedF0, tune_gbrt_f0
 from training.gating.sweep import ROUTED_FRACTIONS, Config, sweep, threshold_for_fraction
 
@@ -157,3 +159,37 @@ def test_cross_fitted_f1_losses_keep_p_full_and_the_served_f1_on_all_rows(
     assert np.array_equal(again.q_, cf.q_)
     with pytest.raises(ValueError, match="f1_cv must be >= 2"):
         AdaptGbrt(f1_cv=1, **kw).fit(X[:500], y[:500])
+
+
+# --------------------------------------------------------------------------- the bundle
+
+
+def test_a_bundle_with_a_tuned_f0_records_its_choice_and_every_routed_fraction(
+    tmp_path: Path,
+) -> None:
+    X, y = _data(500, seed=6)
+    cols = [f"f{i}" for i in range(8)]
+    spec = GatingSpec(
+        name="tuned",
+        label="label",
+        sensors=list(cols),  # type: ignore[arg-type]
+        f0="lightgbm-tuned",
+        grid=[
+            {"method": "l1", "p_full": 0.0, "regularisation": 0.1},
+            {"method": "greedymiser", "p_full": 0.0, "regularisation": 0.003},
+        ],
+    )
+    result = build_gating_bundle(tmp_path / "b", spec, X, y, cols)
+    x_train, x_val, _, y_train, y_val, _ = spec.split(X, y)
+    oracle = tune_gbrt_f0(x_train, y_train, x_val, y_val, random_state=spec.seed)
+    config = result.manifest.provenance.parameters
+    assert config["f0_params"] == {
+        k: oracle.params[k] for k in ("n_estimators", "num_leaves", "learning_rate")
+    }
+    assert result.f0_accuracy["validation"] == pytest.approx(oracle.val_accuracy)
+    for point in result.points:
+        for key in ("validation_fraction_full", "test_fraction_full", "test_f1_accuracy"):
+            assert 0.0 <= point[key] <= 1.0
+        if point["method"] == "greedymiser":
+            assert point["validation_fraction_full"] == point["test_fraction_full"] == 0.0
+            assert point["test_accuracy"] == point["test_f1_accuracy"]
