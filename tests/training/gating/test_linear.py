@@ -201,6 +201,41 @@ def test_synthetic2_adapt_lin_recovers_the_optimal_adaptive_system(
     assert min(found.values()) == pytest.approx(1.5, abs=0.02), found
 
 
+def test_synthetic2_adapt_lin_at_its_defaults_reaches_the_optimum(
+    synth2: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """Issue 12: ADAPT-LIN at its defaults (start, n_init, f0, route rule, iterations) with
+    the issue's γ 0.05 and P_full 0.5 on raw weights (the paper's coordinates share units):
+    full accuracy at cost 1.5, the optimum of the construction, on held-out rows."""
+    Xtr, ytr, Xte, yte = synth2
+    m = AdaptLin(p_full=0.5, gamma=0.05, standardize=False).fit(Xtr, ytr)
+    assert float((m.predict(Xte) == yte).mean()) >= 0.99
+    assert float(m.feature_cost(Xte).mean()) == pytest.approx(1.5, abs=0.02)
+    assert list(m.low_cost_features_) == [1]
+
+
+def test_adapt_lin_first_start_routes_what_p_full_allows(
+    synth2: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """The first start holds g at 0 while f1 is fitted, so the first q-step routes on the loss
+    gap up to P_full. (It used to fit g to q = 0 too: intercept about −8.9, nothing routed,
+    accuracy 0.75, objective 0.527.) Alone it ends in the feature-1 system: full accuracy,
+    cost 1.75, the L1 baseline's, objective 0.21 (the optimum's 0.12 needs another start)."""
+    Xtr, ytr, Xte, yte = synth2
+    first = AdaptLin(p_full=0.5, gamma=0.05, n_init=1, f0=_knn(), standardize=False)
+    first.fit(Xtr, ytr)
+    assert first.q_.mean() == pytest.approx(0.5, abs=1e-6) and first.beta_ > 0.0
+    assert first.gate_intercept_ > -3.0
+    assert float((first.predict(Xte) == yte).mean()) >= 0.99
+    assert float(first.feature_cost(Xte).mean()) == pytest.approx(1.75, abs=0.02)
+    assert first.objective_[-1] == pytest.approx(0.212, abs=0.005)
+    # the default starts keep the lowest objective: the optimum (cost 1.5) at about 0.12
+    best = AdaptLin(p_full=0.5, gamma=0.05, f0=_knn(), standardize=False).fit(Xtr, ytr)
+    assert best.init_objectives_[0] == pytest.approx(first.objective_[-1])
+    assert best.objective_[-1] == min(best.init_objectives_) < 0.13
+    assert float(best.feature_cost(Xte).mean()) == pytest.approx(1.5, abs=0.02)
+
+
 def test_synthetic2_optimal_system_forced_to_feature_2_has_cost_1_5(
     synth2: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
 ) -> None:
