@@ -30,6 +30,9 @@ BoolArray = NDArray[np.bool_]
 
 _EPS_PROB = 1e-12
 
+#: How a fitted gate's score becomes a decision (see ``_GatedClassifier.routing_threshold``).
+ROUTE_RULES = ("zero", "expected", "value")
+
 # --------------------------------------------------------------------------------------------
 # the high-cost model f0
 # --------------------------------------------------------------------------------------------
@@ -138,21 +141,26 @@ class _GatedClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         if self.f0_cv is not None:
             check_pos_int(self.f0_cv, "f0_cv", minimum=2)
         _check_f0_param(self.f0)
-        if self.route_rule not in ("zero", "expected"):
-            raise ValueError(f"route_rule must be 'zero' or 'expected', got {self.route_rule!r}")
+        if self.route_rule not in ROUTE_RULES:
+            raise ValueError(
+                f"route_rule must be one of {list(ROUTE_RULES)}, got {self.route_rule!r}"
+            )
 
     def routing_threshold(self) -> float:
         """The gate score above which an example goes to f0. ``route_rule="zero"`` is the
         paper's g(x) > 0. g is fitted to *soft* targets q (their mean is at most P_full), so
         when no q_i passes 1/2 the paper's rule routes nothing; ``"expected"`` routes the
         training fraction mean(q) instead: the threshold is the (1 − mean q) quantile of the
-        gate's training scores (+inf when mean q = 0)."""
+        gate's training scores (+inf when mean q = 0). ``"value"`` uses ``route_threshold``
+        as given (the sweep sets it on validation rows to route a chosen fraction)."""
         rule = getattr(self, "route_rule", "zero")
         if rule == "zero":
             return 0.0
         if rule == "expected":
             return float(self.expected_threshold_)
-        raise ValueError(f"route_rule must be 'zero' or 'expected', got {rule!r}")
+        if rule == "value":
+            return float(getattr(self, "route_threshold", 0.0))
+        raise ValueError(f"route_rule must be one of {list(ROUTE_RULES)}, got {rule!r}")
 
     def _set_expected_threshold(self, train_scores: FloatArray, q: FloatArray) -> None:
         """The threshold whose training routed fraction is closest to mean(q), placed midway

@@ -43,6 +43,9 @@ class SweepPoint:
     test_cost: float = math.nan
     test_fraction_full: float = math.nan
     params: dict[str, float | str] = field(default_factory=dict)
+    #: f1 alone (every item answered by the low-cost model, nothing routed)
+    val_f1_accuracy: float = math.nan
+    test_f1_accuracy: float = math.nan
 
     @property
     def id(self) -> str:
@@ -88,6 +91,11 @@ def default_grid(methods: Iterable[str] = METHODS) -> list[Config]:
 
 L1_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 ROUTE_RULES = ("zero", "expected")
+#: Fractions of the validation rows the gate of a fitted ADAPT-GBRT / ADAPT-LIN system is set
+#: to route (rule "value": the threshold on g is chosen on validation rows, no refit). The
+#: paper's g > 0 rule routes what the soft targets q make of P_full, often next to nothing;
+#: these points make the gate's ranking of items usable at every routed fraction.
+ROUTED_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 def fit_config(
@@ -142,6 +150,34 @@ def _score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float
     )
 
 
+def _f1_accuracy(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> float:
+    """Accuracy of the low-cost model f1 alone (the same system routing nothing)."""
+    if isinstance(est, L1Baseline):  # routes where P(f1 correct) < gate_threshold
+        alone: Gated = _with(est, gate_threshold=0.0)
+    else:
+        alone = _with(est, route_rule="value", route_threshold=math.inf)
+    assert not np.any(alone.route(X))
+    return float(np.mean(alone.predict(X) == y))
+
+
+def threshold_for_fraction(scores: FloatArray, fraction: float) -> float:
+    """A threshold t such that ``mean(scores > t)`` is as close to ``fraction`` as the ties in
+    ``scores`` allow (on a tie, the higher threshold: fewer items routed). It lies midway
+    between two distinct scores, so float32 inference of the gate does not flip the items
+    that sit on it."""
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    finite = s[np.isfinite(s)]
+    if finite.size == 0:
+        return math.inf
+    distinct = np.unique(finite)
+    candidates = np.concatenate(
+        [[distinct[0] - 1.0], (distinct[:-1] + distinct[1:]) / 2.0, [distinct[-1] + 1.0]]
+    )
+    routed = 1.0 - np.searchsorted(s, candidates, side="right") / s.size
+    gap = np.abs(routed - float(fraction))
+    return float(candidates[int(np.flatnonzero(gap == gap.min())[-1])])
+
+
 def _fit_task(
     X: FloatArray,
     y: npt.NDArray[Any],
@@ -188,7 +224,8 @@ def sweep(
 ) -> list[SweepPoint]:
     """Fit every configuration (the fits run on ``executor``: inline, joblib or Ray; the
     data and f0 are shared once) and score it (L1: one point per gate threshold; ADAPT-LIN and
-    ADAPT-GBRT: one per routing rule)."""
+    ADAPT-GBRT: one per routing rule and one per fraction of ``ROUTED_FRACTIONS``, its
+    threshold set on the validation rows)."""
     fitted = executor.map(
         _fit_task, list(grid), shared=(X, y, costs, f0, standardize, gbrt_params, random_state)
     )
@@ -200,8 +237,24 @@ def sweep(
         variants: list[tuple[Gated, dict[str, float | str]]] = [(est, {})]
         if isinstance(est, L1Baseline):
             variants = [(_with(est, gate_threshold=tau), {"t": tau}) for tau in L1_THRESHOLDS]
-        elif est.p_full > 0.0:  # both routing rules of the same fit (no refit)
+        elif est.p_full > 0.0:  # the routing rules of the same fit (no refit)
             variants = [(_with(est, route_rule=rule), {"rule": rule}) for rule in ROUTE_RULES]
+            val_scores = est.gate_score(X_val)
+            variants += [
+                (
+                    _with(
+                        est,
+                        route_rule="value",
+                        route_threshold=threshold_for_fraction(val_scores, fraction),
+                    ),
+                    {"routed": fraction},
+                )
+                for fraction in ROUTED_FRACTIONS
+            ]
+        val_f1 = _f1_accuracy(est, X_val, y_val)
+        test_f1 = math.nan
+        if X_test is not None and y_test is not None:
+            test_f1 = _f1_accuracy(est, X_test, y_test)
         for variant, extra in variants:
             acc, cost, frac = _score(variant, X_val, y_val)
             point = SweepPoint(
@@ -213,6 +266,8 @@ def sweep(
                 cost,
                 frac,
                 params=extra,
+                val_f1_accuracy=val_f1,
+                test_f1_accuracy=test_f1,
             )
             if X_test is not None and y_test is not None:
                 point.test_accuracy, point.test_cost, point.test_fraction_full = _score(
