@@ -179,6 +179,12 @@ def export_policy(
     global_of_column: Mapping[int, int],
 ) -> DagPolicy:
     """The policy of every state as one ONNX logits model plus filter trees."""
+    if model.policy_inputs != "features":
+        raise DagExportMismatch(
+            f"policy_inputs={model.policy_inputs!r} cannot be exported yet (the policy graph "
+            "would have to embed every state's classifier); nothing written. Use "
+            "policy_inputs: features for a bundle"
+        )
     learner = model.policy_learner_
     weights: list[npt.NDArray[np.float64]] = []  # linear: per logit over the input
     poly: list[tuple[dict[tuple[int, ...], float], float]] = []  # per logit: monomial -> w, b
