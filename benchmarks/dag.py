@@ -604,7 +604,8 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 setup=[
                     "Learners: **DAG** = degree-2 polynomial logistic regressions in the bank "
                     "(`learner: poly2`) with linear policies; **raw-feature DAG**: the same "
-                    "without the confidence inputs. On 460 training rows LightGBM's bank was worse than either "
+                    "without the confidence inputs. On 460 training rows LightGBM's bank was "
+                    "worse than either "
                     "(one split: validation error 0.305 at λ = 0, against 0.188 for poly2 and "
                     "0.169 for linear), so it is not used here. The fixed subsets and the "
                     "cascade use the DAG's (poly2) bank.",

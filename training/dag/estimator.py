@@ -58,16 +58,16 @@ from service.types import FloatArray
 from training._validation import check_fitted, check_number, check_positive
 from training.dag.learners import check_learner, poly_degree
 from training.dag.policies import (
+    CONFIDENCE_COLUMNS,
+    POLICY_INPUTS,
     _BankJob,
     _constant_path,
     _export_node,
     _fit_bank_member,
-    CONFIDENCE_COLUMNS,
-    POLICY_INPUTS,
     _Policy,
-    confidence,
     _train_filter_tree,
     _tree_layout,
+    confidence,
     decide_nodes,
 )
 from training.dag.sensors import (
