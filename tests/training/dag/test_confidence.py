@@ -3,14 +3,18 @@ cost-scale grid's bisection rule (:func:`training.dag.sweep.refine_midpoints`)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from training.dag import DagClassifier, sweep
 from training.dag.policies import confidence
 from training.dag.sweep import refine_midpoints
+from training.export.dag import DagExportMismatch, _walk_tree, export_policy, verify_policy
+from training.export.sklearn import onnx_probabilities
 
 SENSORS = {"cheap": [0], "exact": [1]}
 COSTS = {"cheap": 0.05, "exact": 1.0}
@@ -131,3 +135,56 @@ def test_grid_fills_the_gap_between_one_and_two_sensors() -> None:
     assert gap > 1.5, "a two-sensor gap to fill"
     # An operating point at one sensor now exists between the extremes.
     assert any(0.25 * gap < p[2] < 0.75 * gap for p in fine)
+
+
+@pytest.mark.parametrize(
+    ("learner", "policy_learner"),
+    [("linear", None), ("poly2", "linear"), ("poly2", None), ("gbrt", "linear"), ("gbrt", None)],
+)
+def test_confidence_policy_graph_embeds_the_classifiers(
+    learner: str, policy_learner: str | None, tmp_path: Path
+) -> None:
+    X, y, _ = settled_data(1500, seed=7)
+    X_val, _, _ = settled_data(1000, seed=8)
+    model = DagClassifier(
+        sensors=SENSORS,
+        costs=COSTS,
+        cost_scale=LAMBDA,
+        learner=learner,
+        policy_learner=policy_learner,
+        policy_inputs="features+confidence",
+    ).fit(X, y)
+    width = X.shape[1]
+    goc = {c: c for c in range(width)}
+    policy = export_policy(tmp_path, "p.onnx", model, width, goc)
+    onx = onnx.load(str(tmp_path / "p.onnx"))
+    assert [i.name for i in onx.graph.input] == ["features"]
+    assert any(n.op_type == "TopK" for n in onx.graph.node), "a classifier subgraph"
+    # Every ONNX logit equals its node's margin, every decision the fitted policy's (raises).
+    verify_policy(tmp_path / "p.onnx", policy, model, X_val, goc)
+    # The decisions taken through the runtime's walk agree with the fitted DAG's on the
+    # confident state: ONNX logits + tree (what service/strategies/dag.py does).
+    logits = onnx_probabilities((tmp_path / "p.onnx").read_bytes(), X_val.astype(np.float32))
+    cheap = next(s for s in model.states_ if model.state_sensors(s) == ["cheap"])
+    spec = next(st for st in policy.states if st.groups == cheap)
+    walked = np.array([_walk_tree(spec.tree, row)[0] for row in logits])
+    fitted = model.policy_action(cheap, X_val[:, model.state_columns(cheap)])
+    assert np.mean(walked == fitted) > 0.995
+    assert 0.1 < np.mean(fitted != 0) < 0.9, "the policy both stops and buys on these rows"
+
+
+def test_a_corrupted_confidence_graph_is_refused(tmp_path: Path) -> None:
+    X, y, _ = settled_data(1500, seed=7)
+    X_val, _, _ = settled_data(1000, seed=8)
+    model = DagClassifier(
+        sensors=SENSORS, costs=COSTS, cost_scale=LAMBDA, policy_inputs="features+confidence"
+    ).fit(X, y)
+    goc = {0: 0, 1: 1}
+    policy = export_policy(tmp_path, "p.onnx", model, 2, goc)
+    onx = onnx.load(str(tmp_path / "p.onnx"))
+    for node in onx.graph.node:  # feed the margin where the top probability belongs
+        if node.op_type == "Concat" and node.output[0] == "policy_input":
+            node.input[1], node.input[2] = node.input[2], node.input[1]
+    onnx.save(onx, str(tmp_path / "p.onnx"))
+    with pytest.raises(DagExportMismatch, match="ONNX differs from the exported node"):
+        verify_policy(tmp_path / "p.onnx", policy, model, X_val, goc)
