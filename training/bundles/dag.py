@@ -44,7 +44,8 @@ class DagSpec(TabularSpec):
     """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
     plus the cost trade-offs to sweep, how many scales the adaptive grid may add between them
     (``refine_scales``, see :func:`training.dag.sweep`), the learners of the classifier bank
-    and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``) and, for many sensors,
+    and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``), what the policies see
+    (``policy_inputs``: ``features`` or ``features+confidence``) and, for many sensors,
     the number of groups (Alg. 2)."""
 
     cost_scales: list[float] = field(

@@ -13,6 +13,12 @@ one logit per non-constant node; the runtime goes right where a logit is > 0. By
   node's logit, thresholds the largest float32 <= LightGBM's (:func:`lgbm_trees`), so a float32
   input takes the fitted branch at every split.
 
+With ``policy_inputs='features+confidence'`` the graph first computes ``policy_input``: the
+``features``, then per state whose policy has a learned node its bank classifier's top
+probability and margin (the state's columns gathered, the bank classifier's own ONNX graph with
+names prefixed ``c<state>_``, ``TopK``); the nodes read that instead, so the runtime
+(``service/strategies/dag.py``) is unchanged.
+
 Bank classifiers of the ``gbrt`` learner are exported the same way (trees, then sigmoid or
 softmax); the others go through skl2onnx.
 """
