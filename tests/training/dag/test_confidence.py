@@ -47,7 +47,7 @@ def test_confidence_inputs_beat_raw_features_on_held_out_rows() -> None:
     X, y, _ = settled_data(3000, seed=0)
     X_test, y_test, settled = settled_data(4000, seed=1)
     kw: dict[str, Any] = {"sensors": SENSORS, "costs": COSTS, "cost_scale": LAMBDA}
-    raw = DagClassifier(**kw).fit(X, y)
+    raw = DagClassifier(policy_inputs="features", **kw).fit(X, y)
     conf = DagClassifier(policy_inputs="features+confidence", **kw).fit(X, y)
     obj_raw, _, _ = _objective(raw, X_test, y_test)
     obj_conf, err_conf, cost_conf = _objective(conf, X_test, y_test)
