@@ -127,6 +127,7 @@ class Variant:
     learner: str = "linear"
     policy_learner: str | None = None
     folds: int = 5
+    policy_inputs: str = "features+confidence"
 
 
 @dataclass
@@ -394,6 +395,7 @@ def evaluate_split(
         "learner": v.learner,
         "policy_learner": v.policy_learner,
         "folds": v.folds,
+        "policy_inputs": v.policy_inputs,
         "refine": refine,
     }
     with _quiet():
@@ -547,13 +549,20 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 targets=(*SMALL_TARGETS, 4.0),
                 variants=[
                     Variant(learner="gbrt", policy_learner="linear", folds=3, methods=MAIN),
-                    Variant(prefix="linear ", methods=()),
+                    Variant(
+                        prefix="raw-feature ",
+                        learner="gbrt",
+                        policy_learner="linear",
+                        folds=3,
+                        methods=(),
+                        policy_inputs="features",
+                    ),
                 ],
                 setup=[
                     "Learners: **DAG** = LightGBM classifier bank (`learner: gbrt`, 100 trees "
                     "of 31 leaves, 3 folds for the out-of-fold losses) with linear policies "
-                    "(`policy_learner: linear`); **linear DAG** = the linear bank and policies "
-                    "(5 folds), for comparison. The fixed subsets and the cascade use the "
+                    "(`policy_learner: linear`); **raw-feature DAG**: the same without the "
+                    "confidence inputs. The fixed subsets and the cascade use the "
                     "DAG's (LightGBM) bank.",
                     "Split: rows 1–12,000 train, 12,001–16,000 validation (together the usual "
                     "16,000-row training part), 16,001–20,000 test. 26 classes, used as is "
@@ -584,12 +593,19 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                 targets=(*SMALL_TARGETS, 4.0),
                 variants=[
                     Variant(learner="poly2", policy_learner="linear", methods=MAIN),
-                    Variant(prefix="linear ", methods=()),
+                    Variant(
+                        prefix="raw-feature ",
+                        learner="poly2",
+                        policy_learner="linear",
+                        methods=(),
+                        policy_inputs="features",
+                    ),
                 ],
                 setup=[
                     "Learners: **DAG** = degree-2 polynomial logistic regressions in the bank "
-                    "(`learner: poly2`) with linear policies; **linear DAG** = the linear bank "
-                    "and policies. On 460 training rows LightGBM's bank was worse than either "
+                    "(`learner: poly2`) with linear policies; **raw-feature DAG**: the same "
+                    "without the confidence inputs. On 460 training rows LightGBM's bank was "
+                    "worse than either "
                     "(one split: validation error 0.305 at λ = 0, against 0.188 for poly2 and "
                     "0.169 for linear), so it is not used here. The fixed subsets and the "
                     "cascade use the DAG's (poly2) bank.",
@@ -632,11 +648,19 @@ def datasets(root: Path = DATA) -> tuple[list[Dataset], list[str]]:
                         folds=3,
                         methods=MAIN,
                     ),
-                    Variant(prefix="linear ", n_subsets=7, methods=()),
+                    Variant(
+                        prefix="raw-feature ",
+                        n_subsets=7,
+                        learner="gbrt",
+                        policy_learner="linear",
+                        folds=3,
+                        methods=(),
+                        policy_inputs="features",
+                    ),
                 ],
                 setup=[
                     "Learners: **DAG** = LightGBM bank (`learner: gbrt`, 3 folds) with linear "
-                    "policies; **linear DAG** = the linear bank and policies (5 folds). The "
+                    "policies; **raw-feature DAG**: the same without the confidence inputs. The "
                     "fixed unions and the cascade use the DAG's (LightGBM) bank.",
                     "Split: mbne_tiny_tr / tv / te as train / validation / test; rows holding "
                     f"the -999 'no measurement' sentinel dropped (tr {dropped['tr']}, tv "

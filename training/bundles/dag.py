@@ -24,6 +24,7 @@ from service.bundle import (
 from training.bundles.writer import bundle_version, provenance, staging
 from training.dag import DagClassifier, sweep
 from training.dag.learners import check_learner
+from training.dag.policies import POLICY_INPUTS
 from training.data.tabular import (
     TabularSpec,
     column_positions,
@@ -43,7 +44,8 @@ class DagSpec(TabularSpec):
     """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
     plus the cost trade-offs to sweep, how many scales the adaptive grid may add between them
     (``refine_scales``, see :func:`training.dag.sweep`), the learners of the classifier bank
-    and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``) and, for many sensors,
+    and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``), what the policies see
+    (``policy_inputs``: ``features`` or ``features+confidence``) and, for many sensors,
     the number of groups (Alg. 2)."""
 
     cost_scales: list[float] = field(
@@ -52,6 +54,7 @@ class DagSpec(TabularSpec):
     refine_scales: int = 16
     learner: str = "linear"
     policy_learner: str | None = None
+    policy_inputs: str = "features"
     n_subsets: int | None = None
 
     def check(self) -> None:
@@ -70,6 +73,11 @@ class DagSpec(TabularSpec):
         check_learner(self.learner, "learner")
         if self.policy_learner is not None:
             check_learner(self.policy_learner, "policy_learner")
+        if self.policy_inputs not in POLICY_INPUTS:
+            raise ValueError(
+                f"policy_inputs must be one of {', '.join(POLICY_INPUTS)}, got "
+                f"{self.policy_inputs!r}; e.g. policy_inputs: features+confidence"
+            )
 
 
 @dataclass
@@ -111,6 +119,7 @@ def build_dag_bundle(
         refine=spec.refine_scales,
         learner=spec.learner,
         policy_learner=spec.policy_learner,
+        policy_inputs=spec.policy_inputs,
     )
     base = fits[0][1]
     classes = [str(c) for c in base.classes_]
@@ -179,6 +188,7 @@ def build_dag_bundle(
                     "swept_scales": [f[0] for f in fits],
                     "learner": spec.learner,
                     "policy_learner": spec.policy_learner or spec.learner,
+                    "policy_inputs": spec.policy_inputs,
                     "n_subsets": spec.n_subsets,
                     "seed": spec.seed,
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},

@@ -58,6 +58,8 @@ from service.types import FloatArray
 from training._validation import check_fitted, check_number, check_positive
 from training.dag.learners import check_learner, poly_degree
 from training.dag.policies import (
+    CONFIDENCE_COLUMNS,
+    POLICY_INPUTS,
     _BankJob,
     _constant_path,
     _export_node,
@@ -65,6 +67,7 @@ from training.dag.policies import (
     _Policy,
     _train_filter_tree,
     _tree_layout,
+    confidence,
     decide_nodes,
 )
 from training.dag.sensors import (
@@ -101,6 +104,10 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     random_state: seeds the folds and the solvers.
     learner: the classifier bank's learner: ``linear``, ``poly2``, ``poly3`` or ``gbrt``.
     policy_learner: the filter-tree nodes' learner (same choices); None: ``learner``.
+    policy_inputs: what a state's policy sees: ``features`` (the state's columns) or
+        ``features+confidence`` (also the state's bank classifier's top probability and its
+        margin over the second, :func:`~training.dag.policies.confidence`: out-of-fold
+        probabilities in training, the refit classifier's at prediction).
 
     Fitted attributes
     -----------------
@@ -127,6 +134,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         random_state: int = 0,
         learner: str = "linear",
         policy_learner: str | None = None,
+        policy_inputs: str = "features",
     ) -> None:
         self.sensors = sensors
         self.costs = costs
@@ -139,6 +147,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self.random_state = random_state
         self.learner = learner
         self.policy_learner = policy_learner
+        self.policy_inputs = policy_inputs
 
     # ---------------------------------------------------------------- validation
 
@@ -151,6 +160,11 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         check_learner(self.learner, "learner")
         if self.policy_learner is not None:
             check_learner(self.policy_learner, "policy_learner")
+        if self.policy_inputs not in POLICY_INPUTS:
+            raise ValueError(
+                f"policy_inputs must be one of {', '.join(POLICY_INPUTS)}, got "
+                f"{self.policy_inputs!r}; e.g. policy_inputs: features+confidence in the spec"
+            )
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise ValueError(f"folds must be an int >= 2, got {self.folds!r}")
         if self.n_subsets is None:
@@ -245,8 +259,12 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         job = _BankJob(Xa, y_enc, self.C, self.folds, self.random_state, str(self.learner))
         members = [s for s in self.states_ if s != 0]
         fitted = executor.map(_fit_bank_member, [self._cols(s) for s in members], shared=(job,))
-        for s, (loss, clf) in zip(members, fitted, strict=True):
+        self._oof_conf: dict[int, FloatArray] = {
+            0: confidence(np.tile(self.prior_, (Xa.shape[0], 1)))
+        }
+        for s, (loss, conf, clf) in zip(members, fitted, strict=True):
             self._losses[s] = loss
+            self._oof_conf[s] = conf
             self.classifiers_[s] = clf
         self.oof_error_: dict[int, float] = {s: float(self._losses[s].mean()) for s in self.states_}
         std = Xa.std(axis=0)
@@ -264,6 +282,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         learner = self.policy_learner_
         standardise = poly_degree(learner) > 0
         Za = (Xa - self.input_mean_) / self.input_scale_ if standardise else Xa
+        extra = self._n_confidence
         ctg: dict[int, FloatArray] = {}
         self.policies_: dict[int, _Policy] = {}
         for s in sorted(self.states_, key=lambda s: (-_popcount(s), s)):
@@ -278,23 +297,47 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
                 nodes = _tree_layout(len(actions))
                 _constant_path(nodes, int(np.argmin(costs.mean(axis=0))))
             else:
-                Zs = Za[:, self._cols(s)]
+                Zs = self._with_conf(Za[:, self._cols(s)], self._oof_conf[s])
                 nodes = _train_filter_tree(
                     Zs, costs, float(self.policy_C), self.random_state, learner
                 )
             policy = _Policy(actions=actions, nodes=nodes)
             if standardise:
-                policy.mean = self.input_mean_[self._cols(s)]
-                policy.scale = self.input_scale_[self._cols(s)]
+                policy.mean = np.concatenate([self.input_mean_[self._cols(s)], np.zeros(extra)])
+                policy.scale = np.concatenate([self.input_scale_[self._cols(s)], np.ones(extra)])
             self.policies_[s] = policy
-            chosen = policy.predict(Xa[:, self._cols(s)])
+            chosen = policy.predict(self._with_conf(Xa[:, self._cols(s)], self._oof_conf[s]))
             ctg[s] = costs[np.arange(n), chosen]
         self.train_objective_ = float(ctg[0].mean())
-        d = {s: len(self.state_columns(s)) for s in self.states_}
+        d = {s: len(self.state_columns(s)) + extra for s in self.states_}
         self._exported = {
             s: [_export_node(node, d[s], p.mean, p.scale) for node in p.nodes]
             for s, p in self.policies_.items()
         }
+
+    @property
+    def _n_confidence(self) -> int:
+        return len(CONFIDENCE_COLUMNS) if self.policy_inputs == "features+confidence" else 0
+
+    def _with_conf(self, Xs: FloatArray, conf: FloatArray) -> FloatArray:
+        """The policy input: the state's columns, then (``features+confidence``) ``conf``."""
+        if not self._n_confidence:
+            return Xs
+        return np.hstack([Xs, conf])
+
+    def policy_input(self, state: int, X_state_columns: Any) -> FloatArray:
+        """What ``state``'s policy sees for rows of the state's columns: the columns, then
+        with ``policy_inputs='features+confidence'`` the state's classifier's
+        :func:`~training.dag.policies.confidence` (the refit classifier's probabilities)."""
+        self._check_state(state)
+        Xs = np.asarray(X_state_columns, dtype=np.float64)
+        if Xs.ndim == 1:
+            Xs = Xs[None, :]
+        if not self._n_confidence:
+            return Xs
+        clf = self.classifiers_[state]
+        proba = np.tile(self.prior_, (Xs.shape[0], 1)) if clf is None else clf.predict_proba(Xs)
+        return self._with_conf(Xs, confidence(proba))
 
     @property
     def policy_learner_(self) -> str:
@@ -391,18 +434,17 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         return [dict(node) for node in self._exported[state]]
 
     def decide(self, state: int, x_state_columns: Any) -> Any:
-        """Action(s) of ``state``'s policy from the exported arrays only (pure numpy): an int for
-        a 1-D row of the state's columns, an array for a 2-D block."""
+        """Action(s) of ``state``'s policy from the exported arrays (pure numpy; with
+        confidence inputs, the state's classifier gives them): an int for a 1-D row of the
+        state's columns, an array for a 2-D block."""
         nodes = self.policy_nodes(state)
-        return decide_nodes(nodes, x_state_columns)
+        single = np.asarray(x_state_columns).ndim == 1
+        out = decide_nodes(nodes, self.policy_input(state, x_state_columns))
+        return int(out[0]) if single else out
 
     def policy_action(self, state: int, X_state_columns: Any) -> IntArray:
         """Action per row of ``state``'s policy using the fitted sklearn pipelines."""
-        self._check_state(state)
-        Xs = np.asarray(X_state_columns, dtype=np.float64)
-        if Xs.ndim == 1:
-            Xs = Xs[None, :]
-        return self.policies_[state].predict(Xs)
+        return self.policies_[state].predict(self.policy_input(state, X_state_columns))
 
     def export_policies(self) -> dict[str, Any]:
         """JSON-ready description of the DAG: sensors, groups, and per state its sensors,
@@ -419,6 +461,8 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
                     "state": s,
                     "sensors": self.state_sensors(s),
                     "columns": self.state_columns(s),
+                    "inputs": self.state_columns(s)
+                    + list(CONFIDENCE_COLUMNS[: self._n_confidence]),
                     "actions": self.state_actions(s),
                     "transitions": [list(t) for t in self._transitions[s]],
                     "nodes": nodes,
@@ -466,7 +510,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
             if len(policy.actions) == 1:
                 final[idx] = s
                 continue
-            acts = policy.predict(Xa[np.ix_(idx, self._cols(s))])
+            acts = policy.predict(self.policy_input(s, Xa[np.ix_(idx, self._cols(s))]))
             final[idx[acts == STOP]] = s
             for a in np.unique(acts[acts != STOP]):
                 rows = idx[acts == a]

@@ -143,15 +143,33 @@ class _BankJob:
     learner: str = "linear"
 
 
-def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, Any]:
+def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, FloatArray, Any]:
     """One state's classifier on columns ``cols``: its out-of-fold 0/1 loss per training row
-    (seeded stratified folds) and the classifier refit on every row."""
+    (seeded stratified folds; the class of the largest out-of-fold probability), the
+    out-of-fold :func:`confidence` per row and the classifier refit on every row."""
     Xs = job.X[:, cols]
     cv = StratifiedKFold(n_splits=job.folds, shuffle=True, random_state=job.random_state)
     est = make_classifier(job.learner, job.C, job.random_state)
-    oof = cross_val_predict(est, Xs, job.y, cv=cv)
-    loss = (np.asarray(oof) != job.y).astype(np.float64)
-    return loss, make_classifier(job.learner, job.C, job.random_state).fit(Xs, job.y)
+    oof = np.asarray(cross_val_predict(est, Xs, job.y, cv=cv, method="predict_proba"))
+    loss = (np.argmax(oof, axis=1) != job.y).astype(np.float64)
+    fitted = make_classifier(job.learner, job.C, job.random_state).fit(Xs, job.y)
+    return loss, confidence(oof), fitted
+
+
+#: What ``policy_inputs`` may be: the state's columns only, or also its classifier's confidence.
+POLICY_INPUTS = ("features", "features+confidence")
+#: Columns :func:`confidence` appends to a state's columns.
+CONFIDENCE_COLUMNS = ("top1", "margin")
+
+
+def confidence(proba: Any) -> FloatArray:
+    """Per row of class probabilities: the top probability and its margin over the second
+    (rows x 2, :data:`CONFIDENCE_COLUMNS`); one class: (1, 1)."""
+    p = np.asarray(proba, dtype=np.float64)
+    if p.shape[1] < 2:
+        return np.column_stack([p[:, 0], p[:, 0]])
+    top2 = -np.sort(-p, axis=1)[:, :2]
+    return np.column_stack([top2[:, 0], top2[:, 0] - top2[:, 1]])
 
 
 def _train_filter_tree(

@@ -30,12 +30,13 @@ def sweep(
     ``(cost_scale, fitted model, mean acquired cost, error rate)``, the given scales in the given
     order, then (with ``refine``) the added ones by increasing scale.
 
-    ``refine`` > 0 makes the grid adaptive: while two neighbouring scales (sorted) have mean
-    validation costs further apart than the smallest positive sensor cost, a scale is added
-    between them (the geometric mean; hi / 8 when the lower one is 0), all open gaps at once
-    per round, until every gap is closed, the two scales are within 0.01 % of each other, or
-    ``refine`` scales have been added. Every budget step of one sensor's cost then has its own
-    operating point wherever the policies can make one.
+    ``refine`` > 0 makes the grid adaptive (:func:`refine_midpoints`): each round bisects the
+    neighbouring scales (sorted) whose mean validation costs are furthest apart — every gap
+    wider than :data:`GAP_FRACTION` of the smallest positive sensor cost and at least half as
+    wide as the widest such gap, widest first — at their geometric mean (hi / 8 when the lower
+    one is 0); a gap whose two scales are within 1 % of each other is not bisected again. It
+    stops when no gap is open or ``refine`` scales have been added. The budget's open cost
+    ranges thus get operating points first, wherever the policies can make them.
 
     The groups (Alg. 2) and the classifier bank do not depend on the cost scale, so they are
     fitted once and shared (by reference) between the returned models; only the policies are
@@ -60,18 +61,9 @@ def sweep(
     positive = [c for c in base.sensor_costs_.values() if c > 0]
     step = min(positive) if positive else 0.0
     added: list[tuple[float, DagClassifier, float, float]] = []
-    closed: set[tuple[float, float]] = set()
     while refine > len(added) and step > 0:
         points = sorted({p[0]: p for p in out + added}.values(), key=lambda p: p[0])
-        mids = []
-        for lo, hi in itertools.pairwise(points):
-            if abs(lo[2] - hi[2]) <= step or (lo[0], hi[0]) in closed:
-                continue
-            if (lo[0] > 0 and hi[0] / lo[0] < 1.0001) or hi[0] < 1e-9:
-                closed.add((lo[0], hi[0]))
-                continue
-            mids.append(math.sqrt(lo[0] * hi[0]) if lo[0] > 0 else hi[0] / 8)
-        mids = mids[: refine - len(added)]
+        mids = refine_midpoints([(p[0], p[2]) for p in points], step)[: refine - len(added)]
         if not mids:
             break
         scored = executor.map(_score_point, mids, shared=(base, X, X_val, y_val))
@@ -79,6 +71,34 @@ def sweep(
             assert policies is not None
             added.append((float(cs), base._with_policies(policies), spent, error))
     return out + sorted(added, key=lambda p: p[0])
+
+
+#: A cost gap between neighbouring scales is open when wider than this fraction of the
+#: smallest positive sensor cost.
+GAP_FRACTION = 0.25
+#: Two scales closer than this ratio are not bisected again.
+MIN_RATIO = 1.01
+
+
+def refine_midpoints(points: Sequence[tuple[float, float]], step: float) -> list[float]:
+    """One round of the adaptive grid: ``points`` are ``(cost scale, mean validation cost)``
+    sorted by scale, ``step`` the smallest positive sensor cost. Returns the scales to add,
+    widest cost gap first: the geometric mean of every neighbouring pair whose costs differ by
+    more than ``GAP_FRACTION * step`` and by at least half the widest such difference, unless
+    the pair's scales are within ``MIN_RATIO`` of each other (or both below 1e-9)."""
+    gaps: list[tuple[float, float]] = []
+    for (lo, c_lo), (hi, c_hi) in itertools.pairwise(points):
+        gap = abs(c_lo - c_hi)
+        if gap <= GAP_FRACTION * step or hi < 1e-9:
+            continue
+        if lo > 0 and hi / lo < MIN_RATIO:
+            continue
+        gaps.append((gap, math.sqrt(lo * hi) if lo > 0 else hi / 8))
+    if not gaps:
+        return []
+    widest = max(g for g, _ in gaps)
+    gaps.sort(key=lambda g: -g[0])
+    return [mid for gap, mid in gaps if gap >= widest / 2]
 
 
 def _score_point(

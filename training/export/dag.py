@@ -13,6 +13,12 @@ one logit per non-constant node; the runtime goes right where a logit is > 0. By
   node's logit, thresholds the largest float32 <= LightGBM's (:func:`lgbm_trees`), so a float32
   input takes the fitted branch at every split.
 
+With ``policy_inputs='features+confidence'`` the graph first computes ``policy_input``: the
+``features``, then per state whose policy has a learned node its bank classifier's top
+probability and margin (the state's columns gathered, the bank classifier's own ONNX graph with
+names prefixed ``c<state>_``, ``TopK``); the nodes read that instead, so the runtime
+(``service/strategies/dag.py``) is unchanged.
+
 Bank classifiers of the ``gbrt`` learner are exported the same way (trees, then sigmoid or
 softmax); the others go through skl2onnx.
 """
@@ -178,8 +184,21 @@ def export_policy(
     width: int,
     global_of_column: Mapping[int, int],
 ) -> DagPolicy:
-    """The policy of every state as one ONNX logits model plus filter trees."""
+    """The policy of every state as one ONNX logits model plus filter trees. With
+    ``policy_inputs='features+confidence'`` the graph embeds the classifier of every state
+    whose policy uses it and appends its confidence columns to the input (see
+    :func:`_confidence_inputs`)."""
     learner = model.policy_learner_
+    uses_conf = model.policy_inputs != "features"
+    conf_states = [
+        s
+        for s in model.states_
+        if uses_conf
+        and model.classifiers_[s] is not None
+        and any("action" not in n and not n["constant"] for n in model.policy_nodes(s))
+    ]
+    conf_index = {s: [width + 2 * k, width + 2 * k + 1] for k, s in enumerate(conf_states)}
+    width_ext = width + 2 * len(conf_states)
     weights: list[npt.NDArray[np.float64]] = []  # linear: per logit over the input
     poly: list[tuple[dict[tuple[int, ...], float], float]] = []  # per logit: monomial -> w, b
     trees: list[tuple[dict[str, Any], int, list[int]]] = []
@@ -189,7 +208,7 @@ def export_policy(
     for state in model.states_:
         nodes = model.policy_nodes(state)
         cols = model.state_columns(state)
-        glob = [global_of_column[c] for c in cols]
+        glob = [global_of_column[c] for c in cols] + conf_index.get(state, [])
         internal = [i for i, n in enumerate(nodes) if "action" not in n]
         index_of = {i: k for k, i in enumerate(internal)}
 
@@ -221,7 +240,7 @@ def export_policy(
                     terms[key] = terms.get(key, 0.0) + float(w)
                 poly.append((terms, float(node["bias"])))
             else:
-                w = np.zeros(width)
+                w = np.zeros(width_ext)
                 for j, g in enumerate(glob):
                     w[g] = float(node["weights"][j])
                 weights.append(w)
@@ -238,8 +257,18 @@ def export_policy(
                 tree=tree,
             )
         )
+    pre_nodes, pre_inits = _confidence_inputs(model, conf_states, width, global_of_column)
     onx = _policy_graph(
-        model, learner, width, global_of_column, n_logits, weights, biases, poly, trees
+        model,
+        learner,
+        width,
+        global_of_column,
+        n_logits,
+        weights,
+        biases,
+        poly,
+        trees,
+        (pre_nodes, pre_inits, width_ext),
     )
     (folder / file).write_bytes(onx.SerializeToString())
     return DagPolicy(cost_scale=0.0, mean_cost=0.0, error=0.0, file=file, states=states)
@@ -255,12 +284,20 @@ def _policy_graph(
     biases: list[float],
     poly: list[tuple[dict[tuple[int, ...], float], float]],
     trees: list[tuple[dict[str, Any], int, list[int]]],
+    pre: tuple[list[onnx.NodeProto], list[onnx.TensorProto], int] | None = None,
 ) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
+    inp = "features"
+    in_width = width
+    if pre is not None and pre[0]:
+        nodes += pre[0]
+        inits += pre[1]
+        inp = "policy_input"
+        width = pre[2]
     out_width = max(n_logits, 1)  # every decision constant: one unused logit keeps it valid
     if learner == "gbrt" and n_logits:
-        nodes.append(_tree_ensemble(trees, n_logits, "features", "logits"))
+        nodes.append(_tree_ensemble(trees, n_logits, inp, "logits"))
     elif poly:
         mean = np.zeros(width)
         scale = np.ones(width)
@@ -285,9 +322,9 @@ def _policy_graph(
             numpy_helper.from_array(np.asarray([b for _, b in poly], dtype=np.float32), "b"),
         ]
         nodes += [
-            helper.make_node("Sub", ["features", "mean"], ["centred"]),
+            helper.make_node("Sub", [inp, "mean"], ["centred"]),
             helper.make_node("Div", ["centred", "scale"], ["z"]),
-            helper.make_node("Gather", ["features", "first"], ["col0"], axis=1),
+            helper.make_node("Gather", [inp, "first"], ["col0"], axis=1),
             helper.make_node("Mul", ["col0", "zero"], ["zeros"]),
             helper.make_node("Add", ["zeros", "one"], ["ones"]),
             helper.make_node("Concat", ["ones", "z"], ["z1"], axis=1),
@@ -315,20 +352,68 @@ def _policy_graph(
             numpy_helper.from_array(np.asarray(biases, dtype=np.float32), "b"),
         ]
         nodes += [
-            helper.make_node("MatMul", ["features", "W"], ["xw"]),
+            helper.make_node("MatMul", [inp, "W"], ["xw"]),
             helper.make_node("Add", ["xw", "b"], ["logits"]),
         ]
     graph = helper.make_graph(
         nodes,
         "dag_policy",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, in_width])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, out_width])],
         inits,
     )
-    onx = helper.make_model(graph, opset_imports=_OPSET if learner == "gbrt" else _OPSET[:1])
+    plain = learner != "gbrt" and inp == "features"
+    onx = helper.make_model(graph, opset_imports=_OPSET[:1] if plain else _OPSET)
     onx.ir_version = 8
     onnx.checker.check_model(onx)
     return onx
+
+
+def _confidence_inputs(
+    model: DagClassifier,
+    conf_states: list[int],
+    width: int,
+    global_of_column: Mapping[int, int],
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes computing ``policy_input`` = ``features`` followed by, per state of
+    ``conf_states`` in order, its classifier's top probability and that minus the second
+    (:func:`training.dag.policies.confidence`): the state's columns are gathered from
+    ``features`` and fed to the state's bank classifier (the same ONNX as the bank's file,
+    names prefixed ``c<state>_``), then ``TopK``. No states: no nodes."""
+    if not conf_states:
+        return [], []
+    nodes: list[onnx.NodeProto] = []
+    inits = [
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "conf_k"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "conf_i0"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "conf_i1"),
+    ]
+    parts = ["features"]
+    for s in conf_states:
+        cols = model.state_columns(s)
+        fitted = model.classifiers_[s]
+        if isinstance(fitted, Float32Lgbm):
+            sub = onnx.load_from_string(lgbm_classifier_onnx(fitted, len(cols)))
+        else:
+            sub = onnx.load_from_string(export_classifier(fitted, len(cols)))
+        p = f"c{s}_"
+        sub = onnx.compose.add_prefix(sub, p)
+        glob = np.array([global_of_column[c] for c in cols], dtype=np.int64)
+        inits.append(numpy_helper.from_array(glob, p + "cols"))
+        nodes.append(helper.make_node("Gather", ["features", p + "cols"], [p + "features"], axis=1))
+        nodes += list(sub.graph.node)
+        inits += list(sub.graph.initializer)
+        nodes += [
+            helper.make_node(
+                "TopK", [p + "probabilities", "conf_k"], [p + "top", p + "topi"], axis=1
+            ),
+            helper.make_node("Gather", [p + "top", "conf_i0"], [p + "top1"], axis=1),
+            helper.make_node("Gather", [p + "top", "conf_i1"], [p + "top2"], axis=1),
+            helper.make_node("Sub", [p + "top1", p + "top2"], [p + "margin"]),
+        ]
+        parts += [p + "top1", p + "margin"]
+    nodes.append(helper.make_node("Concat", parts, ["policy_input"], axis=1))
+    return nodes, inits
 
 
 def verify_policy(
@@ -356,7 +441,7 @@ def verify_policy(
         for node, spec in zip(internal, state_spec.tree, strict=True):
             if spec.logit is None:
                 continue
-            want = node_margin(node, x32[:, cols])
+            want = node_margin(node, model.policy_input(state, x32[:, cols]))
             got = logits[:, spec.logit].astype(np.float64)
             rel = 1e-4 if "trees" in node else 1e-3
             off = np.abs(got - want) > rel * np.maximum(1.0, np.abs(want))

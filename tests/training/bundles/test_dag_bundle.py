@@ -194,20 +194,32 @@ def test_cli_builds_from_csv_and_spec(tmp_path: Path) -> None:
 
 @pytest.fixture(
     scope="module",
-    params=[("linear", None, 16), ("poly3", "poly2", 2), ("gbrt", None, 2)],
-    ids=["linear", "poly3-bank-poly2-policies", "gbrt"],
+    params=[
+        ("linear", None, 16, "features"),
+        ("poly3", "poly2", 2, "features"),
+        ("gbrt", None, 2, "features"),
+        ("gbrt", "linear", 2, "features+confidence"),
+    ],
+    ids=["linear", "poly3-bank-poly2-policies", "gbrt", "gbrt-bank-confidence-policies"],
 )
 def built(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> tuple[Path, list]:  # type: ignore[type-arg]
-    learner, policy_learner, refine = request.param
+    learner, policy_learner, refine, inputs = request.param
     spec = dataclasses.replace(
-        SPEC, learner=learner, policy_learner=policy_learner, refine_scales=refine
+        SPEC,
+        learner=learner,
+        policy_learner=policy_learner,
+        refine_scales=refine,
+        policy_inputs=inputs,
     )
     x, y = make_router_data(2000, seed=6)
     root = tmp_path_factory.mktemp("dag-equiv")
     result = build_dag_bundle(root / "router", spec, x, y.astype(str), COLUMNS)
-    assert read_manifest(result.path).provenance.parameters["learner"] == learner
+    params = read_manifest(result.path).provenance.parameters
+    assert params["learner"] == learner
+    assert params["policy_inputs"] == inputs
+    assert all(m.policy_inputs == inputs for m in result.models)
     return result.path, result.models
 
 
@@ -331,6 +343,7 @@ def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
         ({"policy_learner": "tree"}, "policy_learner must be one of"),
         ({"refine_scales": -1}, "refine_scales must be an int >= 0"),
         ({"refine_scales": 2.5}, "refine_scales must be an int >= 0"),
+        ({"policy_inputs": "logits"}, "policy_inputs must be one of features, features"),
     ],
 )
 def test_spec_refuses_unknown_learners_and_bad_refinement(

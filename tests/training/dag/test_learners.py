@@ -139,7 +139,7 @@ def test_adaptive_grid_closes_cost_gaps(router_data: tuple[Any, Any, Any, Any]) 
     gaps = [
         (lo[0], hi[0])
         for lo, hi in itertools.pairwise(points)
-        if abs(lo[2] - hi[2]) > 1.0 and not (lo[0] > 0 and hi[0] / lo[0] < 1.0001)
+        if abs(lo[2] - hi[2]) > 1.0 and not (lo[0] > 0 and hi[0] / lo[0] < 1.01)
     ]
     # Every gap wider than the cheapest sensor is closed, unless the cap stopped the grid.
     assert not gaps or len(added) == cap
