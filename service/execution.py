@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.calibration import CostCalibrator
-from service.errors import ExtractionFailed
+from service.errors import ExtractionFailed, InvalidItem
 from service.extractors.base import Extractor, FeatureUnavailable
 from service.items import DecodedItem
 from service.registry import Bundle
@@ -363,6 +363,15 @@ def execute(
     t0 = time.perf_counter()
     probabilities = runtime.predict(run.answer, run.features)
     inference_s = time.perf_counter() - t0
+    if not np.all(np.isfinite(probabilities)):
+        # e.g. a polynomial model fed values far outside its training range overflows
+        raise InvalidItem(
+            f"model {run.answer.model!r} gave non-finite probabilities for this item: the "
+            f"values of {', '.join(sorted(run.features))} are outside the range the model can "
+            "score; send values in the range of the data the bundle was trained on",
+            model=run.answer.model,
+            features=sorted(run.features),
+        )
     spent = meter.spent()
     on_inference(bundle.name, inference_s)
     session = run.session

@@ -101,6 +101,21 @@ class DagSession(Session):
     def _answer(self) -> Answer:
         return Answer(self.policy.states[self.state].model)
 
+    def _answer_from(self, obs: Observation) -> Answer:
+        """The state's classifier; but when the features in hand go beyond the state's
+        (values the client sent, sensors cached by an earlier request), the most accurate
+        model they compute, if it is more accurate: a value in hand is never ignored. The
+        policy's held-out accuracy then does not apply; the model's own is reported."""
+        answer = self._answer()
+        in_hand = set(obs.features)
+        if in_hand <= set(self.runtime.state_features(self.state)):
+            return answer
+        best = self.runtime.best_computable(in_hand)
+        if self.runtime.accuracy[best] > self.runtime.accuracy[answer.model]:
+            self.expected_accuracy = None
+            return Answer(best)
+        return answer
+
     def _fits(self, obs: Observation) -> bool:
         cost = sum(self.per_feature[f] for f in self.pending)
         return affordable(cost, obs.remaining, obs.budget)
@@ -113,7 +128,7 @@ class DagSession(Session):
             if not self.pending:
                 action = self.policy.action(self.state, rt.input_vector(in_hand))
                 if action == 0:
-                    return self._answer()
+                    return self._answer_from(obs)
                 self.target = self.policy.states[self.state].transitions[action - 1]
                 self.pending = [f for f in rt.state_features(self.target) if f not in in_hand]
             while self.pending and self.pending[0] in in_hand:
@@ -123,7 +138,7 @@ class DagSession(Session):
                 # earlier one ran over its predicted cost, the rest may no longer fit.
                 if not self._fits(obs):
                     self.pending = []
-                    return self._answer()
+                    return self._answer_from(obs)
                 return Acquire(self.pending[0])
             self.state = self.target
             self.visited.append(self.state)

@@ -127,6 +127,27 @@ def test_values_sent_are_in_hand_and_free(client: TestClient) -> None:
         assert set(body["features"]) <= {"a", "b", "r"} and body["answered_by"] != "prior"
 
 
+def test_values_in_hand_beyond_the_walk_are_never_ignored(
+    client: TestClient, router_dir: Path
+) -> None:
+    # With every value sent, the policy still stops at a state of r and a or b; the answer
+    # must come from the most accurate model the values in hand compute, not the state's.
+    from service.registry import load_bundle
+
+    runtime = load_bundle(router_dir, 1).runtimes["dag"]
+    best = runtime.best_computable({"r", "a", "b"})
+    x, _ = make_router_data(20, seed=13)
+    stopped_short = 0
+    for row in x:
+        body = client.post(
+            "/predict", json={"model": "router", "item": _values(row), "budget": 6.0}
+        ).json()
+        stopped_short += set(body["path"][-1]) != {"r", "a", "b"}
+        assert runtime.accuracy[body["answered_by"]] == runtime.accuracy[best], body
+        assert body["expected_accuracy"] == pytest.approx(runtime.accuracy[best])
+    assert stopped_short, "the walks must stop short of every sensor for this test to mean much"
+
+
 def test_cached_sensors_are_free(client: TestClient, store: SensorStore) -> None:
     x, _ = make_router_data(1, seed=4)
     body = {"model": "router", "item": store.item(x[0], "cached-row"), "budget": 6.0}
