@@ -28,7 +28,6 @@ import argparse
 import base64
 import http.client
 import json
-import math
 import os
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from benchmarks.report import machine, measured_at, prose
+from benchmarks.report import machine, measured_at, prose, wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "models" / "digits"
@@ -411,17 +410,6 @@ def compare(
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95 % by default)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def best_fixed_within(cells: Sequence[Cell], latency_ms: float) -> Cell | None:

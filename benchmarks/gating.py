@@ -27,7 +27,7 @@ import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.report import machine, measured_at, prose
+from benchmarks.report import machine, measured_at, prose, wilson
 from training.data.uci import DATA, Split, load_letter, load_miniboone
 from training.gating import F0Choice, FittedF0, tune_gbrt_f0
 from training.gating.sweep import (
@@ -87,17 +87,6 @@ LETTER26_F0_GRID: dict[str, Any] = {
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95 % by default)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def paired_diff(

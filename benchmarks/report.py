@@ -9,6 +9,7 @@ tables and plots stay in the benchmark's module, which puts them between the ren
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -47,3 +48,14 @@ def prose(name: str, part: str = "intro", /, **values: object) -> list[str]:
         raise KeyError(f"template {name}.md has no part {part!r}; it has {sorted(parts)}")
     filled = Template(parts[part]).substitute({k: str(v) for k, v in values.items()})
     return filled.removesuffix("\n").split("\n")
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95 % by default)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))

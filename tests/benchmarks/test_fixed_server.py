@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sklearn.datasets import load_digits
 
 from benchmarks import fixed_server as fs
+from benchmarks.report import wilson
 from service.bundle import PolyDomStrategy, read_manifest
 from training.bundles.digits import digits_features
 from training.data.digits import render_digit, to_png
@@ -100,7 +101,7 @@ def test_compare_runs_real_servers_on_a_handful_of_items() -> None:
 
 
 def test_wilson_interval() -> None:
-    lo, hi = fs.wilson(5, 10)
+    lo, hi = wilson(5, 10)
     assert lo == pytest.approx(1 - hi) and 0.2 < lo < 0.25
-    assert fs.wilson(0, 20)[0] == 0.0 and fs.wilson(20, 20)[1] == 1.0
-    assert fs.wilson(0, 0) == (0.0, 1.0)
+    assert wilson(0, 20)[0] == 0.0 and wilson(20, 20)[1] == 1.0
+    assert wilson(0, 0) == (0.0, 1.0)
