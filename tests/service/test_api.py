@@ -549,13 +549,14 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
     image = png_b64(np.tile(digit_image(8, 64), (8, 8)))  # 512 x 512
     outcomes = {}
     for calibrate in (False, True):
-        # Three samples make a bucket count: under load hog can stop being planned after
-        # four (other extractors' factors rise too), leaving a five-sample bucket unfilled.
+        # Two samples make a bucket count: under load hog can stop being planned after
+        # two or three (other extractors' factors rise too; seen in a full run on a loaded
+        # machine), leaving a bucket of three samples unfilled.
         client, _ = make_client(
             tiny_bundle_dir.parent,
             overhead_reserve_ms=0.0,
             calibration=calibrate,
-            calibration_min_samples=3,
+            calibration_min_samples=2,
         )
         with client:
             bodies = [

@@ -5,7 +5,6 @@ id, or part of their values; and what the answer is when a sensor cannot be had.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -16,14 +15,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from service.cache import InProcessCache
 from service.http import create_app
 from service.settings import Settings
 from service.sources import SensorSource
-from tests.conftest import ROUTER_COLUMNS, free_port
+from tests.conftest import ROUTER_COLUMNS
+from tests.service.serving import RedisProcess
 from tests.support.sensor_store import SensorStore
 from training.data.synthetic import make_router_data
 
@@ -33,31 +32,13 @@ COSTS = {"r": 1.0, "a": 5.0, "b": 5.0}
 
 
 @pytest.fixture
-def own_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def own_redis() -> Iterator[RedisProcess]:
     """A redis-server of this test's own, so that the test can kill it."""
-    port = free_port()
+    server = RedisProcess()
     try:
-        proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    except FileNotFoundError:
-        pytest.skip("redis-server is not installed (make test installs it)")
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    else:
-        proc.terminate()
-        pytest.fail(f"redis-server on port {port} did not answer PING within 5 s")
-    yield f"redis://127.0.0.1:{port}/0", proc
-    if proc.poll() is None:
-        proc.terminate()
-        proc.wait(timeout=10)
+        yield server
+    finally:
+        server.close()
 
 
 def _client(bundle_dir: Path, sources: dict[str, Any] | None = None) -> TestClient:
@@ -83,10 +64,9 @@ def _routed_to(row: np.ndarray) -> str:
 
 
 def test_items_with_only_an_id_are_acquired_from_redis_and_a_down_redis_is_no_500(
-    router_bundle_dir: Path, own_redis: tuple[str, subprocess.Popen[bytes]]
+    router_bundle_dir: Path, own_redis: RedisProcess
 ) -> None:
-    url, server = own_redis
-    store = SensorStore(url, ROUTER_COLUMNS)
+    store = SensorStore(own_redis.url, ROUTER_COLUMNS)
     x, y = make_router_data(80, seed=21)
     with _client(router_bundle_dir, {"*": store.source(timeout_ms=200)}) as client:
         right = 0
@@ -106,8 +86,7 @@ def test_items_with_only_an_id_are_acquired_from_redis_and_a_down_redis_is_no_50
             right += body["prediction"] == str(label)
         assert right >= 36, "acquired values are the row's: the answers are right"
 
-        server.terminate()
-        server.wait(timeout=10)
+        own_redis.kill()
         for i, row in enumerate(x[40:60]):
             # Only the id: nothing in hand, the first sensor cannot be had.
             body = _predict(client, {"id": f"down{i}"})
@@ -196,7 +175,7 @@ class _Rows(BaseHTTPRequestHandler):
         item_id = urllib.parse.unquote(quoted)
         self.seen.append(self.path)
         if kind == "slow":
-            time.sleep(0.5)
+            time.sleep(2.0)
         row = self.rows.get(item_id)
         if row is None:
             self.send_response(404)
@@ -254,7 +233,8 @@ def test_http_acquirer_fetches_rows_and_reports_failures(
     with _client(router_bundle_dir, slow) as client:
         t0 = time.perf_counter()
         body = _predict(client, {"id": "id 0/x"})
-        assert time.perf_counter() - t0 < 0.45, "the acquirer waited past its timeout"
+        # generous for a loaded machine, and still well short of the endpoint's 2 s
+        assert time.perf_counter() - t0 < 1.5, "the acquirer waited past its timeout"
         assert body["next_sensor"] == "r" and "timed out" in body["unavailable"]["r"]
     with _client(
         router_bundle_dir, {"*": {"plugin": "http", "url": "http://127.0.0.1:9/{id}"}}
@@ -350,5 +330,6 @@ def test_a_redis_that_does_not_answer_costs_one_timeout() -> None:
             t0 = time.perf_counter()
             with pytest.raises(FeatureUnavailable, match="did not answer \\(TimeoutError"):
                 acquirer.extract(TabularRow({}, "1"))
-            assert 0.07 < time.perf_counter() - t0 < 0.3
+            # waited the timeout, once (no retry loop), with room for a loaded machine
+            assert 0.07 < time.perf_counter() - t0 < 0.6
         assert acquirer.extract(TabularRow({"x": 2.5}, "1")).tolist() == [2.5], "sent: no call"
