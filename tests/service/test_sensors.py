@@ -165,7 +165,8 @@ def test_without_an_acquirer_the_answer_names_the_sensor_to_collect(
 
 
 class _Rows(BaseHTTPRequestHandler):
-    """GET /rows/<id> → the row as JSON; /slow/<id> answers after 0.5 s; others 404."""
+    """GET /rows/<id> → the row as JSON; /slow/<id> answers after 0.5 s, /stall/<id> after
+    2 s; others 404."""
 
     rows: ClassVar[dict[str, dict[str, float]]] = {}
     seen: ClassVar[list[str]] = []
@@ -174,8 +175,8 @@ class _Rows(BaseHTTPRequestHandler):
         kind, _, quoted = self.path.strip("/").partition("/")
         item_id = urllib.parse.unquote(quoted)
         self.seen.append(self.path)
-        if kind == "slow":
-            time.sleep(2.0)
+        if kind in ("slow", "stall"):
+            time.sleep(0.5 if kind == "slow" else 2.0)
         row = self.rows.get(item_id)
         if row is None:
             self.send_response(404)
@@ -229,7 +230,7 @@ def test_http_acquirer_fetches_rows_and_reports_failures(
         assert any(p.startswith("/wrapped/") for p in _Rows.seen), "b from its own source"
         body = _predict(client, {"id": "unknown"})
         assert body["next_sensor"] == "r" and "answered HTTP 404" in body["unavailable"]["r"]
-    slow = {"*": {"plugin": "http", "url": row_server + "/slow/{id}", "timeout_ms": 100}}
+    slow = {"*": {"plugin": "http", "url": row_server + "/stall/{id}", "timeout_ms": 100}}
     with _client(router_bundle_dir, slow) as client:
         t0 = time.perf_counter()
         body = _predict(client, {"id": "id 0/x"})
