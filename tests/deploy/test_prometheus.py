@@ -10,6 +10,9 @@ to metric names the service exposes.
 
 Needs `prometheus` and `promtool` on PATH: `make test` installs them
 (scripts/ensure-prometheus.sh); without them these tests are skipped.
+
+Why one module over 450 lines: every test here shares one real Prometheus and one real
+budgetserve process (module fixtures); split, each file would start its own.
 """
 
 from __future__ import annotations

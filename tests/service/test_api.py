@@ -1,4 +1,9 @@
-"""The HTTP API through the real app (httpx via Starlette's TestClient, lifespan included)."""
+"""The HTTP API through the real app (httpx via Starlette's TestClient, lifespan included).
+
+Why one module over 450 lines: the tests share the app fixtures and request helpers below, and
+each tests one route or behaviour of the same app; the larger themes already have files of
+their own (items, limits, contract, sensors, tabular).
+"""
 
 from __future__ import annotations
 

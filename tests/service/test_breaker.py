@@ -9,7 +9,6 @@ import gc
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,6 @@ from tests.conftest import digit_image, png_b64
 from tests.service.serving import RedisProcess, metric, post_json, uvicorn_thread
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisProcess]:
-    server = RedisProcess()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def test_breaker_opens_after_consecutive_failures_and_probes_once() -> None:

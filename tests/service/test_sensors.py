@@ -31,16 +31,6 @@ pytestmark = pytest.mark.redis
 COSTS = {"r": 1.0, "a": 5.0, "b": 5.0}
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisProcess]:
-    """A redis-server of this test's own, so that the test can kill it."""
-    server = RedisProcess()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def _client(bundle_dir: Path, sources: dict[str, Any] | None = None) -> TestClient:
     parsed = {
         sensor: SensorSource.model_validate(source) for sensor, source in (sources or {}).items()

@@ -23,8 +23,7 @@ from service.bundle import (
 )
 from training.bundles.writer import bundle_version, provenance, staging
 from training.dag import DagClassifier, sweep
-from training.dag.learners import check_learner
-from training.dag.policies import POLICY_INPUTS
+from training.dag.policies import check_policy_options
 from training.data.tabular import (
     TabularSpec,
     column_positions,
@@ -70,14 +69,7 @@ class DagSpec(TabularSpec):
                 f"refine_scales must be an int >= 0 (cost scales the adaptive grid may add), "
                 f"got {self.refine_scales!r}"
             )
-        check_learner(self.learner, "learner")
-        if self.policy_learner is not None:
-            check_learner(self.policy_learner, "policy_learner")
-        if self.policy_inputs not in POLICY_INPUTS:
-            raise ValueError(
-                f"policy_inputs must be one of {', '.join(POLICY_INPUTS)}, got "
-                f"{self.policy_inputs!r}; e.g. policy_inputs: features+confidence"
-            )
+        check_policy_options(self.learner, self.policy_learner, self.policy_inputs)
 
 
 @dataclass

@@ -56,10 +56,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from service.types import FloatArray
 from training._validation import check_fitted, check_number, check_positive
-from training.dag.learners import check_learner, poly_degree
+from training.dag.learners import poly_degree
 from training.dag.policies import (
     CONFIDENCE_COLUMNS,
-    POLICY_INPUTS,
     _BankJob,
     _constant_path,
     _export_node,
@@ -67,6 +66,7 @@ from training.dag.policies import (
     _Policy,
     _train_filter_tree,
     _tree_layout,
+    check_policy_options,
     confidence,
     decide_nodes,
 )
@@ -157,14 +157,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         check_number(self.cost_scale, "cost_scale")
         check_positive(self.C, "C")
         check_positive(self.policy_C, "policy_C")
-        check_learner(self.learner, "learner")
-        if self.policy_learner is not None:
-            check_learner(self.policy_learner, "policy_learner")
-        if self.policy_inputs not in POLICY_INPUTS:
-            raise ValueError(
-                f"policy_inputs must be one of {', '.join(POLICY_INPUTS)}, got "
-                f"{self.policy_inputs!r}; e.g. policy_inputs: features+confidence in the spec"
-            )
+        check_policy_options(self.learner, self.policy_learner, self.policy_inputs)
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise ValueError(f"folds must be an int >= 2, got {self.folds!r}")
         if self.n_subsets is None:

@@ -38,6 +38,7 @@ from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 from service.types import FloatArray
 from training.dag.learners import (
     Float32Lgbm,
+    check_learner,
     fit_classifier,
     lgbm_trees,
     make_classifier,
@@ -160,6 +161,19 @@ def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, FloatAr
 POLICY_INPUTS = ("features", "features+confidence")
 #: Columns :func:`confidence` appends to a state's columns.
 CONFIDENCE_COLUMNS = ("top1", "margin")
+
+
+def check_policy_options(learner: Any, policy_learner: Any, policy_inputs: Any) -> None:
+    """Raise ``ValueError`` naming the option when the learners or the policy inputs are not
+    ones the DAG knows (shared by :class:`~training.dag.DagClassifier` and the bundle spec)."""
+    check_learner(learner, "learner")
+    if policy_learner is not None:
+        check_learner(policy_learner, "policy_learner")
+    if policy_inputs not in POLICY_INPUTS:
+        raise ValueError(
+            f"policy_inputs must be one of {', '.join(POLICY_INPUTS)}, got "
+            f"{policy_inputs!r}; e.g. policy_inputs: features+confidence"
+        )
 
 
 def confidence(proba: Any) -> FloatArray:

@@ -108,7 +108,11 @@ def test_a_non_numeric_cell_is_named_by_row_column_and_text(tmp_path: Path) -> N
         read_csv(path, _spec())
 
 
-@pytest.mark.skipif(not PIMA.is_file(), reason="the shared pima data set is not here")
+@pytest.mark.skipif(
+    not PIMA.is_file(),
+    reason="the shared datasets are not beside this checkout (../shared/datasets/pima); "
+    "CI runs with ../shared beside the clone",
+)
 def test_pima_as_the_readme_reads_it() -> None:
     spec = DagSpec(
         name="pima",

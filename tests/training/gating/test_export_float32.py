@@ -188,7 +188,10 @@ def test_the_readme_gating_command_builds_pima(tmp_path: Path) -> None:
     args = command[2:]
     csv = (root / args[args.index("--csv") + 1]).resolve()  # the README runs in the repo root
     if not csv.is_file():
-        pytest.skip(f"pima is not at {csv}")
+        pytest.skip(
+            f"the shared datasets are not beside this checkout ({csv}); CI runs with ../shared "
+            "beside the clone"
+        )
     args[args.index("--csv") + 1] = str(csv)
     args[args.index("--spec") + 1] = str(tmp_path / "gating.yaml")
     out = tmp_path / "bundle"

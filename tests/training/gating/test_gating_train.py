@@ -1,4 +1,8 @@
-"""ADAPT-GBRT, GreedyMiser, the gating export and the gating bundle builder (paper 001)."""
+"""ADAPT-GBRT, GreedyMiser, the gating export and the gating bundle builder (paper 001).
+
+Why one module over 450 lines: the fits, their export and the bundle builder share the fitted
+systems built once per module; the float32 export and the routing checks have files of their own.
+"""
 
 from __future__ import annotations
 
