@@ -84,3 +84,22 @@ class PredictResponse(BaseModel):
     )
     cost: CostReport
     timings_ms: Timings
+
+
+class BatchCost(BaseModel):
+    """What a batch cost, in the bundle's cost unit ``unit``; each item's own report is in
+    its result's ``cost``."""
+
+    unit: str = Field(description="the unit of every cost of the batch")
+    total_budget: float | None = Field(
+        description="the batch's total budget (null when each item had 'budget')"
+    )
+    budget: float | None = Field(description="each item's budget (null under a total budget)")
+    spent: float = Field(description="cost spent by all items together, in `unit`")
+    order: list[int] = Field(description="the items' indices in the order they ran")
+
+
+class BatchPredictResponse(BaseModel):
+    model: str
+    results: list[PredictResponse] = Field(description="one answer per item, in request order")
+    cost: BatchCost

@@ -19,7 +19,7 @@ from service.http.schemas import Readiness
 from service.http.state import AppState
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
-from service.schemas import PredictResponse
+from service.schemas import BatchPredictResponse, PredictResponse
 from service.settings import Settings
 
 
@@ -40,7 +40,10 @@ ROUTES = (
         "POST",
         PREDICT_PATH,
         predict.predict,
-        {"response_model": PredictResponse, "responses": documented(404, 408, 413, 415, 422, 503)},
+        {
+            "response_model": PredictResponse | BatchPredictResponse,
+            "responses": documented(404, 408, 413, 415, 422, 503),
+        },
     ),
     Route("GET", "/models", models.list_models, {"responses": documented(503)}),
     Route("GET", "/models/{name}", models.get_model, {"responses": documented(404, 422, 503)}),

@@ -1,27 +1,66 @@
-"""``POST /predict``."""
+"""``POST /predict``: one item (``PredictRequest``) or a batch (``BatchPredictRequest``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import BackgroundTasks, Depends, Request
+from pydantic import Discriminator, Tag
 
-from service.http.schemas import PredictRequest
+from service.batch import predict_batch
+from service.http.schemas import BatchPredictRequest, PredictRequest
 from service.http.state import AppState, app_state
 from service.metrics import UNKNOWN_MODEL
-from service.schemas import PredictResponse
+from service.schemas import BatchCost, BatchPredictResponse, PredictResponse
+
+
+def _shape(body: Any) -> str:
+    """A body with ``items`` is a batch; anything else is read as a single request. (The
+    single request's tag is "body", which the error handler leaves out of field names, so
+    its validation messages read as they did before batches existed.)"""
+    return "batch" if isinstance(body, dict) and "items" in body else "body"
+
+
+PredictBody = Annotated[
+    Annotated[PredictRequest, Tag("body")] | Annotated[BatchPredictRequest, Tag("batch")],
+    Discriminator(_shape),
+]
 
 
 async def predict(
-    body: PredictRequest,
+    body: PredictBody,
     request: Request,
     background: BackgroundTasks,
     state: Annotated[AppState, Depends(app_state)],
-) -> PredictResponse:
+) -> PredictResponse | BatchPredictResponse:
     handler = state.loaded_handler()
     label = body.model if body.model in state.loaded_registry().bundles else UNKNOWN_MODEL
     request.state.model_label = label
     metrics = state.metrics
+    if isinstance(body, BatchPredictRequest):
+        with metrics.request_latency.labels(model=label).time():
+            outcome = await predict_batch(
+                handler,
+                body.model,
+                body.items,
+                body.strategy,
+                budget=body.budget,
+                total_budget=body.total_budget,
+            )
+        metrics.requests.labels(model=label, status="ok").inc()
+        first = outcome.responses[0]
+        order = outcome.plan.order if outcome.plan else list(range(len(outcome.responses)))
+        return BatchPredictResponse(
+            model=first.model,
+            results=outcome.responses,
+            cost=BatchCost(
+                unit=first.cost.unit,
+                total_budget=body.total_budget,
+                budget=body.budget,
+                spent=sum(r.cost.spent for r in outcome.responses),
+                order=order,
+            ),
+        )
     with metrics.request_latency.labels(model=label).time():
         response, writes = await handler.predict(
             body.model, body.item, body.size, body.budget, body.strategy

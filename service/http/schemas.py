@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from service.batch import MAX_BATCH_ITEMS
 from service.items import ImageItem, TabularItem
 
 # A 16 x 16 PNG of a 3 (digits bundle): the example request of the OpenAPI schema.
@@ -92,3 +93,58 @@ class Readiness(BaseModel):
     models: list[str]
     failed: list[str] = Field(description="names of bundles that failed to load")
     cache: CacheStatus
+
+
+class BatchPredictRequest(BaseModel):
+    """Several items of one bundle: each with ``budget``, or all under ``total_budget``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "digits",
+                    "items": [{"png_base64": EXAMPLE_PNG}, {"png_base64": EXAMPLE_PNG}],
+                    "total_budget": 5.0,
+                },
+            ]
+        },
+    )
+
+    model: str = Field(min_length=1, max_length=128, description="bundle name")
+    items: list[Any] = Field(
+        min_length=1,
+        max_length=MAX_BATCH_ITEMS,
+        description="the items, each in the bundle's item format (as 'item' of a single "
+        "request)",
+        json_schema_extra={
+            "items": {"anyOf": [ImageItem.model_json_schema(), TabularItem.model_json_schema()]}
+        },
+    )
+    budget: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="each item's budget, in the bundle's cost unit (or send total_budget)",
+    )
+    total_budget: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="one budget for the whole batch, planned across its items: spent where "
+        "the expected accuracy gained per cost is highest (or send budget)",
+    )
+    strategy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="one of the bundle's strategies (GET /models/{name}); its default if absent",
+    )
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> BatchPredictRequest:
+        if (self.budget is None) == (self.total_budget is None):
+            raise ValueError("send exactly one of 'budget' (each item's) and 'total_budget'")
+        return self
