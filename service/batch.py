@@ -29,6 +29,7 @@ import heapq
 import math
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from service.cache import CacheBypassed, CacheDeadline, CacheUnavailable, feature_key
@@ -283,7 +284,7 @@ async def _run_total(
     for i, item in enumerate(items):
         try:
             if bundle.decoder.heavy(item):
-                decoded.append(await handler._in_thread(lambda: bundle.decoder.decode(item)))
+                decoded.append(await handler._in_thread(partial(bundle.decoder.decode, item)))
             else:
                 decoded.append(bundle.decoder.decode(item))
         except BudgetServeError as exc:
@@ -313,7 +314,9 @@ async def _run_total(
     return await run_batch(options, len(items), float(total), run_shared)
 
 
-async def _cached(handler: PredictHandler, bundle: Bundle, items: Sequence[DecodedItem]) -> list[set[str]]:
+async def _cached(
+    handler: PredictHandler, bundle: Bundle, items: Sequence[DecodedItem]
+) -> list[set[str]]:
     """Which features of each item the cache holds now (one read for the batch; a failing or
     bypassed cache holds nothing). For planning only: each item reads its own when it runs."""
     names = list(bundle.extractors)

@@ -12,7 +12,8 @@ from fastapi.responses import PlainTextResponse
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
-from service.http import health, models, predict
+from service.http import health, models, predict, v2
+from service.http.docs import install_docs
 from service.http.errors import PREDICT_PATH, documented, install_handlers
 from service.http.middleware import BodyLimit
 from service.http.schemas import Readiness
@@ -35,7 +36,7 @@ class Route:
 
 
 # Every route of the API, in the order the OpenAPI schema lists them.
-ROUTES = (
+ROUTES: tuple[Route, ...] = (
     Route(
         "POST",
         PREDICT_PATH,
@@ -82,6 +83,11 @@ ROUTES = (
     ),
 )
 
+# The Open Inference Protocol (KServe v2 / Triton REST) routes.
+ROUTES += tuple(
+    Route(method, path, endpoint, options) for method, path, endpoint, options in v2.ROUTES
+)
+
 
 def create_app(
     settings: Settings | None = None,
@@ -104,8 +110,9 @@ def create_app(
             if state.cache is not None:
                 await state.cache.close()
 
-    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan, docs_url=None)
     app.state.core = state
+    install_docs(app)  # Swagger UI at /docs, from packaged files (service.http.docs)
     install_handlers(app)
     for route in ROUTES:
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.options)

@@ -115,8 +115,7 @@ class BatchPredictRequest(BaseModel):
     items: list[Any] = Field(
         min_length=1,
         max_length=MAX_BATCH_ITEMS,
-        description="the items, each in the bundle's item format (as 'item' of a single "
-        "request)",
+        description="the items, each in the bundle's item format (as 'item' of a single request)",
         json_schema_extra={
             "items": {"anyOf": [ImageItem.model_json_schema(), TabularItem.model_json_schema()]}
         },

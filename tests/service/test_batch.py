@@ -13,11 +13,21 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.batch import Option, _hull, allocate, item_options, planned_accuracy, run_batch
+from service.batch import (
+    BatchPlan,
+    Option,
+    _hull,
+    allocate,
+    item_options,
+    planned_accuracy,
+    run_batch,
+)
 from service.cache import InProcessCache
+from service.execution import run_session
 from service.http import create_app
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
+from training.simulate import SimBundle, SimulatedCost, SimulatedSource, synthetic_bundle
 
 
 def random_options(rng: np.random.Generator, k: int, start: float) -> list[Option]:
@@ -84,38 +94,45 @@ def test_allocation_buys_the_cheap_gains_first() -> None:
     assert allocate([bent], 2.0) == [2]
 
 
-def test_batch_overruns_the_total_by_at_most_one_misprediction() -> None:
-    from training.simulate import SimulatedCost, SimulatedSource, synthetic_bundle
-    from service.execution import run_session
+def simulated_batch(
+    sim: SimBundle, sizes: list[int], total: float, rng: np.random.Generator
+) -> tuple[BatchPlan, float]:
+    """One batch through ``run_batch`` with every extraction taking 2x its median cost times
+    log-normal noise (often over the p95 curves the strategy plans with): the plan, and the
+    largest misprediction of one extraction (its cost less its predicted cost)."""
+    runtime = sim.runtimes["polydom-anytime"]
+    options = [item_options(runtime, n, ()) for n in sizes]
+    mispredicted: list[float] = []
 
+    async def run_item(i: int, budget: float) -> float:
+        n = sizes[i]
+        slow = {f: 2.0 * c for f, c in sim.median_at(n).items()}
+        meter = SimulatedCost(slow, rng, sim.sigma)
+        run = run_session(runtime, n, budget, {}, SimulatedSource(sim.names), meter)
+        predicted = runtime.costs.at(n)
+        mispredicted.extend(max(c - predicted[f], 0.0) for f, c in run.charged.items())
+        assert budget > 0 or not run.charged  # an item given nothing extracts nothing
+        return meter.spent()
+
+    plan = anyio.run(run_batch, lambda i: options[i], len(sizes), total, run_item)
+    return plan, max(mispredicted, default=0.0)
+
+
+def test_batch_overruns_the_total_by_at_most_one_misprediction() -> None:
     sim = synthetic_bundle(m=6, gamma=1.0, seed=3, sigma=0.6)
     runtime = sim.runtimes["polydom-anytime"]
     rng = np.random.default_rng(7)
-    worst_ratio = 0.0
+    overruns = 0
     for trial in range(60):
         sizes = [int(s) for s in rng.uniform(2_000, 60_000, int(rng.integers(2, 9)))]
-        options = [item_options(runtime, n, ()) for n in sizes]
-        total = float(rng.uniform(0.2, 1.2) * sum(o[-1].cost for o in options))
-        mispredicted: list[float] = []
-
-        async def run_item(i: int, budget: float) -> float:
-            n = sizes[i]
-            # costs run at 2x the median: often over the p95 curves the strategy plans with
-            slow = {f: 2.0 * c for f, c in sim.median_at(n).items()}
-            meter = SimulatedCost(slow, rng, sim.sigma)
-            run = run_session(runtime, n, budget, {}, SimulatedSource(sim.names), meter)
-            predicted = runtime.costs.at(n)
-            mispredicted.extend(max(c - predicted[f], 0.0) for f, c in run.charged.items())
-            assert budget > 0 or not run.charged  # an item given nothing extracts nothing
-            return meter.spent()
-
-        plan = anyio.run(run_batch, lambda i: options[i], len(sizes), total, run_item)
+        most = sum(item_options(runtime, n, ())[-1].cost for n in sizes)
+        total = float(rng.uniform(0.2, 1.2) * most)
+        plan, bound = simulated_batch(sim, sizes, total, rng)
         assert sorted(plan.order) == list(range(len(sizes)))
-        bound = max(mispredicted, default=0.0)
         assert plan.total_spent <= total + bound + 1e-9, (trial, plan, total, bound)
-        worst_ratio = max(worst_ratio, (plan.total_spent - total) / max(bound, 1e-12))
-    # Noisy costs did overrun (the bound is exercised, not vacuous).
-    assert worst_ratio > 0.0
+        overruns += plan.total_spent > total
+    # Slow costs did overrun the total (the bound is exercised, not vacuous).
+    assert overruns >= 5, overruns
 
 
 def test_item_options_take_features_in_hand_as_free(digits_bundle_dir: Path) -> None:
@@ -138,18 +155,14 @@ def test_item_options_take_features_in_hand_as_free(digits_bundle_dir: Path) -> 
 
 @pytest.fixture(scope="module")
 def router(router_bundle_dir: Path) -> Iterator[TestClient]:
-    app = create_app(
-        Settings(models_dir=router_bundle_dir.parent), cache=InProcessCache(1 << 20)
-    )
+    app = create_app(Settings(models_dir=router_bundle_dir.parent), cache=InProcessCache(1 << 20))
     with TestClient(app) as client:
         yield client
 
 
 def test_tabular_batch_stays_within_its_total_budget(router: TestClient) -> None:
     rng = np.random.default_rng(5)
-    items = [
-        {"id": f"row-{i}", "values": {"r": float(rng.normal())}} for i in range(8)
-    ]
+    items = [{"id": f"row-{i}", "values": {"r": float(rng.normal())}} for i in range(8)]
     for total in (0.5, 6.0, 20.0, 200.0):
         r = router.post("/predict", json={"model": "router", "items": items, "total_budget": total})
         assert r.status_code == 200, r.text
@@ -199,8 +212,11 @@ def test_identical_items_share_features(digits_bundle_dir: Path) -> None:
         ({"items": [{"values": {}}], "budget": 1.0, "total_budget": 5.0}, 422, "exactly one"),
         ({"items": [{"values": {}}]}, 422, "exactly one"),
         ({"items": [{"values": {}}] * 129, "budget": 1.0}, 422, "at most 128"),
-        ({"items": [{"values": {"r": 1.0}}, {"values": {"zz": 1}}], "total_budget": 5.0}, 422,
-         "items[1]"),
+        (
+            {"items": [{"values": {"r": 1.0}}, {"values": {"zz": 1}}], "total_budget": 5.0},
+            422,
+            "items[1]",
+        ),
         ({"items": [{"values": {}}], "total_budget": -1.0}, 422, "greater than 0"),
     ],
 )

@@ -11,6 +11,7 @@ One allowance, configured below: a request valid by the schema may still be refu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -38,11 +39,18 @@ database = "none"
 [dictionaries.models]
 values = ["digits", "router"]
 
+# One criterion per block: schemathesis includes an operation matching *any* criterion of
+# a block (include-path and include-method would take in every POST).
 [[operations]]
 include-path = "/predict"
-include-method = "POST"
 # The schema cannot express a decodable PNG or a bundle's exact columns (see the module).
 checks.positive_data_acceptance.expected-statuses = ["2xx", "404", "422"]
+
+[[operations]]
+include-path-regex = "^/v2/models/.+/infer$"
+# The same for the Open Inference Protocol: a tensor's shape and datatype must agree with
+# its data and the model's inputs (400), and its item must decode (422).
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "422"]
 """
 
 
@@ -123,6 +131,11 @@ def test_every_operation_passes_every_check(server: str, tmp_path: Path) -> None
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-12000:]
     # It did run every operation and a few hundred cases, not an empty selection.
-    assert "Selected: 8/8" in output and "Tested: 8" in output, output[-3000:]
+    with urllib.request.urlopen(f"{server}/openapi.json", timeout=10) as response:
+        paths = json.load(response)["paths"]
+    operations = sum(len(methods) for methods in paths.values())
+    assert operations >= 17, sorted(paths)
+    assert f"Selected: {operations}/{operations}" in output, output[-3000:]
+    assert f"Tested: {operations}" in output, output[-3000:]
     counted = re.search(r"Test cases:\s+(\d+) generated", output)
     assert counted is not None and int(counted.group(1)) >= 200, output[-3000:]

@@ -1,0 +1,672 @@
+"""The Open Inference Protocol (KServe v2 / Triton) REST routes.
+
+``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}[/versions/{v}]``,
+``/v2/models/{name}[/versions/{v}]/ready`` and ``POST /v2/models/{name}[/versions/{v}]/infer``.
+How a budgetserve request maps onto the protocol (docs/operating.md has the same table):
+
+* **Budget and strategy**: request ``parameters``: ``budget`` (each item's) or
+  ``total_budget`` (the batch's, planned across its items as ``POST /predict`` does), in the
+  model's cost unit, and ``strategy`` (optional).
+* **Items**: the first dimension of the inputs is the batch. Image models take ``IMAGE`` as
+  ``BYTES`` ``[B]`` (each element a PNG: base64 text in JSON, raw bytes as binary data) or as
+  ``FP32``/``FP64`` ``[B, H, W]`` / ``[H, W]`` gray levels in [0, 1] (``UINT8``: 0..255),
+  encoded losslessly to a 16-bit PNG (8-bit for UINT8). Tabular models take one input per
+  column (named as the column, shape ``[B]`` or ``[B, 1]``, any numeric datatype), or
+  ``VALUES`` ``[B, C]`` with ``parameters.columns`` naming the C columns (comma-separated;
+  default: all of the model's columns in order; a NaN, possible in binary data, is a value
+  not sent). Optional ``ID`` ``BYTES`` ``[B]``: the items' ids.
+* **Outputs**: ``PREDICTION`` ``BYTES [B]``, ``PROBABILITIES`` ``FP32 [B, K]`` (columns in
+  the order of ``CLASSES`` ``BYTES [K]``), ``EXPECTED_ACCURACY`` ``FP32 [B]``,
+  ``COST_SPENT`` and ``COST_BUDGET`` ``FP32 [B]`` (in the unit of the response's
+  ``parameters.cost_unit``), and ``RESPONSE`` ``BYTES [B]``: each item's full
+  ``POST /predict`` answer as JSON (the cost report, features, strategy decisions). The
+  response ``parameters`` hold ``cost_unit``, ``spent`` (all items) and the budget sent.
+  Outputs are always JSON (``binary_data`` output requests are answered in JSON, which
+  every protocol client reads); binary *input* data (``Inference-Header-Content-Length``)
+  is read.
+* **Errors**: ``{"error": "..."}``: 400 for a request the protocol cannot read (bad JSON,
+  shapes, datatypes, missing budget), 404 unknown model or version, and the statuses of
+  ``POST /predict`` otherwise (422 an item the model cannot read, 413, 503).
+
+Versions: a model has the version its manifest records; :func:`resolve` is the one place
+that maps (name, version) to a loaded bundle.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from typing import Annotated, Any
+
+import numpy as np
+import numpy.typing as npt
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+from PIL import Image
+from pydantic import ValidationError
+
+from service import errors
+from service.batch import predict_batch
+from service.http.errors import status_of
+from service.http.state import AppState, app_state
+from service.http.v2_schemas import (
+    DATATYPES,
+    InferenceRequest,
+    InferenceResponse,
+    Live,
+    MetadataTensor,
+    ModelMetadata,
+    ModelReady,
+    Ready,
+    RequestInput,
+    ResponseOutput,
+    ServerMetadata,
+    V2Error,
+    inline_schema,
+)
+from service.metrics import UNKNOWN_MODEL
+from service.registry import Bundle, Registry
+from service.schemas import PredictResponse
+
+State = Annotated[AppState, Depends(app_state)]
+
+SERVER_NAME = "budgetserve"
+SERVER_VERSION = "0.1.0"
+HEADER_LENGTH = "inference-header-content-length"
+
+OUTPUTS = (
+    "PREDICTION",
+    "PROBABILITIES",
+    "CLASSES",
+    "EXPECTED_ACCURACY",
+    "COST_SPENT",
+    "COST_BUDGET",
+    "RESPONSE",
+)
+
+_NUMPY: dict[str, str] = {
+    "BOOL": "?",
+    "UINT8": "<u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "INT8": "<i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
+
+
+class ProtocolError(errors.BudgetServeError):
+    """An inference request the protocol cannot read: 400."""
+
+    code = "bad_request"
+
+
+class VersionNotFound(errors.BudgetServeError):
+    code = "model_not_found"
+
+    def __init__(self, name: str, version: str, available: list[str]) -> None:
+        super().__init__(
+            f"model {name!r} has no version {version!r}; available: {', '.join(available)}",
+            model=name,
+            version=version,
+            available=available,
+        )
+
+
+def resolve(registry: Registry, name: str, version: str | None) -> Bundle:
+    """The loaded bundle serving ``name`` at ``version`` (None: the default one).
+
+    Raises ``ModelNotFound`` / ``ModelNotReady`` (as ``Registry.get``) or
+    :class:`VersionNotFound`."""
+    bundle = registry.get(name)
+    if version is not None and version != bundle.manifest.version:
+        raise VersionNotFound(name, version, [bundle.manifest.version])
+    return bundle
+
+
+def v2_error(exc: errors.BudgetServeError) -> JSONResponse:
+    if isinstance(exc, ProtocolError):
+        status = 400
+    elif isinstance(exc, VersionNotFound):
+        status = 404
+    else:
+        status = status_of(exc)
+    headers = (
+        {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, errors.Overloaded) else None
+    )
+    return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
+
+
+# --- health and metadata ------------------------------------------------------------------
+
+
+async def server_metadata() -> ServerMetadata:
+    return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+
+
+async def live() -> Live:
+    return Live(live=True)
+
+
+async def ready(state: State) -> JSONResponse:
+    return JSONResponse(
+        Ready(ready=state.ready).model_dump(), status_code=200 if state.ready else 400
+    )
+
+
+async def model_metadata(name: str, state: State) -> JSONResponse:
+    return await version_metadata(name, None, state)
+
+
+async def version_metadata(name: str, version: str | None, state: State) -> JSONResponse:
+    try:
+        bundle = resolve(state.loaded_registry(), name, version)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse(_metadata(bundle).model_dump(exclude_none=True))
+
+
+async def model_ready(name: str, state: State) -> JSONResponse:
+    return await version_ready(name, None, state)
+
+
+async def version_ready(name: str, version: str | None, state: State) -> JSONResponse:
+    try:
+        resolve(state.loaded_registry(), name, version)
+    except errors.ModelNotReady:
+        return JSONResponse(ModelReady(name=name, ready=False).model_dump(), status_code=400)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse(ModelReady(name=name, ready=True).model_dump())
+
+
+def _metadata(bundle: Bundle) -> ModelMetadata:
+    m = bundle.manifest
+    if m.item.kind == "tabular":
+        inputs = [MetadataTensor(name=c, datatype="FP32", shape=[-1]) for c in m.item.columns]
+        inputs.append(
+            MetadataTensor(name="VALUES", datatype="FP32", shape=[-1, len(m.item.columns)])
+        )
+    else:
+        inputs = [MetadataTensor(name="IMAGE", datatype="BYTES", shape=[-1])]
+    inputs.append(MetadataTensor(name="ID", datatype="BYTES", shape=[-1]))
+    k = len(m.classes)
+    outputs = [
+        MetadataTensor(name="PREDICTION", datatype="BYTES", shape=[-1]),
+        MetadataTensor(name="PROBABILITIES", datatype="FP32", shape=[-1, k]),
+        MetadataTensor(name="CLASSES", datatype="BYTES", shape=[k]),
+        MetadataTensor(name="EXPECTED_ACCURACY", datatype="FP32", shape=[-1]),
+        MetadataTensor(name="COST_SPENT", datatype="FP32", shape=[-1]),
+        MetadataTensor(name="COST_BUDGET", datatype="FP32", shape=[-1]),
+        MetadataTensor(name="RESPONSE", datatype="BYTES", shape=[-1]),
+    ]
+    return ModelMetadata(
+        name=m.name,
+        versions=[m.version],
+        platform="budgetserve",
+        inputs=inputs,
+        outputs=outputs,
+        parameters={
+            "cost_unit": m.cost_unit,
+            "item_kind": m.item.kind,
+            "default_strategy": m.default_strategy,
+            "strategies": ",".join(s.name for s in m.strategies),
+        },
+    )
+
+
+# --- inference ------------------------------------------------------------------------------
+
+
+async def infer(name: str, request: Request, state: State) -> JSONResponse:
+    return await version_infer(name, None, request, state)
+
+
+async def version_infer(
+    name: str, version: str | None, request: Request, state: State
+) -> JSONResponse:
+    registry = state.loaded_registry()
+    label = name if name in registry.bundles else UNKNOWN_MODEL
+    metrics = state.metrics
+    try:
+        with metrics.request_latency.labels(model=label).time():
+            body = await _infer(name, version, request, state)
+    except errors.BudgetServeError as exc:
+        metrics.requests.labels(model=label, status=exc.code).inc()
+        return v2_error(exc)
+    metrics.requests.labels(model=label, status="ok").inc()
+    return JSONResponse(body.model_dump(exclude_none=True))
+
+
+async def _infer(
+    name: str, version: str | None, request: Request, state: AppState
+) -> InferenceResponse:
+    bundle = resolve(state.loaded_registry(), name, version)
+    handler = state.loaded_handler()
+    req, binary = parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+    params = req.parameters or {}
+    budget = _number(params, "budget")
+    total = _number(params, "total_budget")
+    if (budget is None) == (total is None):
+        raise ProtocolError(
+            "send exactly one of parameters.budget (each item's budget) and "
+            f"parameters.total_budget (the batch's), in the model's cost unit "
+            f"({bundle.manifest.cost_unit})"
+        )
+    strategy = params.get("strategy")
+    if strategy is not None and not isinstance(strategy, str):
+        raise ProtocolError(f"parameters.strategy must be a string, got {strategy!r}")
+    wanted = _requested(req)
+    items = to_items(bundle, req.inputs, binary)
+    if budget is not None and len(items) == 1:
+        response, writes = await handler.predict(name, items[0], None, budget, strategy)
+        await handler.write_back(writes)
+        results = [response]
+    else:
+        outcome = await predict_batch(
+            handler, name, items, strategy, budget=budget, total_budget=total
+        )
+        results = outcome.responses
+    return _response(bundle, req, results, wanted, budget, total)
+
+
+def _number(params: dict[str, Any], key: str) -> float | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProtocolError(f"parameters.{key} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ProtocolError(f"parameters.{key} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _requested(req: InferenceRequest) -> list[str]:
+    if not req.outputs:
+        return list(OUTPUTS)
+    names = [o.name for o in req.outputs]
+    unknown = [n for n in names if n not in OUTPUTS]
+    if unknown:
+        raise ProtocolError(
+            f"unknown output(s) {', '.join(map(repr, unknown))}; "
+            f"this model has {', '.join(OUTPUTS)}"
+        )
+    return names
+
+
+def parse_request(
+    raw: bytes, header_length: str | None
+) -> tuple[InferenceRequest, list[bytes | None]]:
+    """The request's JSON part, validated, and each input's binary data (None: in JSON)."""
+    if header_length is None:
+        head, rest = raw, b""
+    else:
+        if not header_length.isdigit() or not 0 < int(header_length) <= len(raw):
+            raise ProtocolError(
+                f"Inference-Header-Content-Length is {header_length!r}; it must be the byte "
+                f"length of the JSON part, between 1 and the body's {len(raw)} bytes"
+            )
+        head, rest = raw[: int(header_length)], raw[int(header_length) :]
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"the inference request is not valid JSON: {exc}") from None
+    try:
+        req = InferenceRequest.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ProtocolError(f"invalid inference request: {problems}") from None
+    binary: list[bytes | None] = []
+    offset = 0
+    for inp in req.inputs:
+        size = (inp.parameters or {}).get("binary_data_size")
+        if size is None:
+            if inp.data is None:
+                raise ProtocolError(f"input {inp.name!r} has neither data nor binary_data_size")
+            binary.append(None)
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProtocolError(f"input {inp.name!r}: binary_data_size must be an integer >= 0")
+        if offset + size > len(rest):
+            raise ProtocolError(
+                f"input {inp.name!r} declares {size} bytes of binary data; only "
+                f"{len(rest) - offset} follow the JSON part"
+            )
+        binary.append(rest[offset : offset + size])
+        offset += size
+    if offset != len(rest):
+        raise ProtocolError(
+            f"{len(rest) - offset} bytes follow the inputs' binary data; send exactly the "
+            "binary_data_size of each input"
+        )
+    return req, binary
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        out: list[Any] = []
+        for d in data:
+            out.extend(_flatten(d))
+        return out
+    return [data]
+
+
+def tensor(inp: RequestInput, binary: bytes | None) -> npt.NDArray[Any]:
+    """The input's elements as an array of its shape (``BYTES``: an object array of bytes)."""
+    if inp.datatype not in DATATYPES:
+        raise ProtocolError(
+            f"input {inp.name!r} has datatype {inp.datatype!r}; use one of {', '.join(DATATYPES)}"
+        )
+    if any(d < 0 for d in inp.shape):
+        raise ProtocolError(f"input {inp.name!r} has shape {inp.shape}; dimensions must be >= 0")
+    count = math.prod(inp.shape)
+    if inp.datatype == "BYTES":
+        elements = _bytes_elements(inp, binary)
+        array: npt.NDArray[Any] = np.empty(len(elements), dtype=object)
+        array[:] = elements
+    elif binary is not None:
+        dtype = np.dtype(_NUMPY[inp.datatype])
+        if len(binary) != count * dtype.itemsize:
+            raise ProtocolError(
+                f"input {inp.name!r}: {len(binary)} bytes of binary data for shape {inp.shape} "
+                f"of {inp.datatype} ({count * dtype.itemsize} expected)"
+            )
+        array = np.frombuffer(binary, dtype=dtype)
+    else:
+        flat = _flatten(inp.data)
+        if any(isinstance(v, str) or v is None for v in flat):
+            raise ProtocolError(f"input {inp.name!r} ({inp.datatype}) holds non-numbers")
+        try:
+            array = np.asarray(flat, dtype=np.dtype(_NUMPY[inp.datatype]))
+        except (ValueError, TypeError, OverflowError):
+            raise ProtocolError(f"input {inp.name!r}: data does not fit {inp.datatype}") from None
+    if array.size != count:
+        raise ProtocolError(
+            f"input {inp.name!r} has {array.size} elements; its shape {inp.shape} needs {count}"
+        )
+    return array.reshape(inp.shape)
+
+
+def _bytes_elements(inp: RequestInput, binary: bytes | None) -> list[bytes]:
+    if binary is None:
+        flat = _flatten(inp.data)
+        if not all(isinstance(v, str) for v in flat):
+            raise ProtocolError(f"input {inp.name!r} (BYTES) must hold strings in JSON")
+        return [v.encode() for v in flat]
+    out: list[bytes] = []
+    offset = 0
+    while offset < len(binary):
+        if offset + 4 > len(binary):
+            raise ProtocolError(f"input {inp.name!r}: truncated BYTES element length")
+        length = int.from_bytes(binary[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > len(binary):
+            raise ProtocolError(f"input {inp.name!r}: truncated BYTES element")
+        out.append(binary[offset : offset + length])
+        offset += length
+    return out
+
+
+def to_items(
+    bundle: Bundle, inputs: list[RequestInput], binary: list[bytes | None]
+) -> list[dict[str, Any]]:
+    """The ``POST /predict`` items the inputs describe (see the module)."""
+    tensors = {}
+    for inp, data in zip(inputs, binary, strict=True):
+        if inp.name in tensors:
+            raise ProtocolError(f"input {inp.name!r} is sent twice")
+        tensors[inp.name] = (inp, tensor(inp, data))
+    ids = tensors.pop("ID", None)
+    if bundle.manifest.item.kind == "tabular":
+        items = _tabular_items(bundle, tensors)
+    else:
+        items = _image_items(tensors, binary_png=_binary_png(inputs, binary))
+    if ids is not None:
+        id_values = ids[1].reshape(-1)
+        if id_values.size != len(items):
+            raise ProtocolError(f"ID has {id_values.size} elements for {len(items)} items")
+        for item, raw_id in zip(items, id_values.tolist(), strict=True):
+            item["id"] = raw_id.decode("utf-8", errors="replace")
+    if not items:
+        raise ProtocolError("the inputs hold no item (batch dimension 0)")
+    return items
+
+
+def _binary_png(inputs: list[RequestInput], binary: list[bytes | None]) -> bool:
+    return any(i.name == "IMAGE" and b is not None for i, b in zip(inputs, binary, strict=True))
+
+
+def _image_items(
+    tensors: dict[str, tuple[RequestInput, npt.NDArray[Any]]], binary_png: bool
+) -> list[dict[str, Any]]:
+    unknown = sorted(set(tensors) - {"IMAGE"})
+    if "IMAGE" not in tensors or unknown:
+        raise ProtocolError(
+            "an image model takes the input IMAGE (and optional ID); "
+            f"got {sorted(tensors) or 'none'}"
+        )
+    inp, array = tensors["IMAGE"]
+    if inp.datatype == "BYTES":
+        if array.ndim not in (1, 2) or (array.ndim == 2 and array.shape[1] != 1):
+            raise ProtocolError(f"IMAGE as BYTES has shape {inp.shape}; send [B] or [B, 1]")
+        pngs = array.reshape(-1).tolist()
+        if binary_png:
+            return [{"png_base64": base64.b64encode(p).decode()} for p in pngs]
+        return [{"png_base64": p.decode()} for p in pngs]
+    if inp.datatype not in ("FP32", "FP64", "UINT8"):
+        raise ProtocolError(
+            f"IMAGE has datatype {inp.datatype}; send BYTES (PNG), FP32/FP64 in [0, 1] or UINT8"
+        )
+    if array.ndim == 2:
+        array = array[None]
+    if array.ndim != 3:
+        raise ProtocolError(
+            f"IMAGE as {inp.datatype} has shape {inp.shape}; send [B, H, W] or [H, W]"
+        )
+    return [{"png_base64": _png(image)} for image in array]
+
+
+def _png(image: npt.NDArray[Any]) -> str:
+    """A gray image as a PNG: UINT8 as 8-bit, floats in [0, 1] as 16-bit (I;16)."""
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ProtocolError(f"IMAGE holds an empty {image.shape[0]}x{image.shape[1]} image")
+    if image.dtype == np.uint8:
+        img = Image.fromarray(np.ascontiguousarray(image), mode="L")
+    else:
+        values = image.astype(np.float64)
+        if not np.all(np.isfinite(values)) or values.min() < 0.0 or values.max() > 1.0:
+            raise ProtocolError("IMAGE as floats must hold finite values in [0, 1]")
+        levels = np.rint(values * 65535.0).astype("<u2")
+        img = Image.frombytes("I;16", (levels.shape[1], levels.shape[0]), levels.tobytes())
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _tabular_items(
+    bundle: Bundle, tensors: dict[str, tuple[RequestInput, npt.NDArray[Any]]]
+) -> list[dict[str, Any]]:
+    columns = list(bundle.manifest.item.columns)
+    rows: list[dict[str, float]] | None = None
+    if "VALUES" in tensors:
+        inp, array = tensors.pop("VALUES")
+        named = (inp.parameters or {}).get("columns")
+        names = columns if named is None else [c.strip() for c in str(named).split(",")]
+        if array.ndim == 1:
+            array = array[None]
+        if array.ndim != 2 or array.shape[1] != len(names):
+            raise ProtocolError(
+                f"VALUES has shape {inp.shape}; send [B, {len(names)}] for the columns "
+                f"{', '.join(names)}"
+            )
+        if inp.datatype == "BYTES":
+            raise ProtocolError("VALUES must be numeric (FP32, FP64 or an integer type)")
+        floats = array.astype(np.float64)
+        rows = [
+            {c: float(v) for c, v in zip(names, row, strict=True) if not math.isnan(v)}
+            for row in floats
+        ]
+    per_column = {}
+    for name, (inp, array) in tensors.items():
+        if inp.datatype == "BYTES":
+            raise ProtocolError(f"input {name!r} must be numeric, got BYTES")
+        if array.ndim == 2 and array.shape[1] == 1:
+            array = array[:, 0]
+        if array.ndim != 1:
+            raise ProtocolError(f"input {name!r} has shape {inp.shape}; send [B] or [B, 1]")
+        per_column[name] = array.astype(np.float64)
+    sizes = {len(a) for a in per_column.values()} | ({len(rows)} if rows is not None else set())
+    if len(sizes) > 1:
+        raise ProtocolError(f"the inputs disagree on the batch size: {sorted(sizes)}")
+    if not sizes:
+        raise ProtocolError(
+            f"a tabular model takes one input per column ({', '.join(columns)}) or VALUES "
+            "(and optional ID); got none"
+        )
+    batch = sizes.pop()
+    rows = rows if rows is not None else [{} for _ in range(batch)]
+    for name, values in per_column.items():
+        for row, v in zip(rows, values.tolist(), strict=True):
+            if name in row:
+                raise ProtocolError(f"column {name!r} is sent both in VALUES and as an input")
+            if not math.isnan(v):
+                row[name] = v
+    # Unknown column names are refused by the item decoder, naming them (422).
+    return [{"values": row} for row in rows]
+
+
+def _response(
+    bundle: Bundle,
+    req: InferenceRequest,
+    results: list[PredictResponse],
+    wanted: list[str],
+    budget: float | None,
+    total: float | None,
+) -> InferenceResponse:
+    classes = bundle.manifest.classes
+    b = len(results)
+
+    def output(name: str) -> ResponseOutput:
+        if name == "PREDICTION":
+            return ResponseOutput(
+                name=name, shape=[b], datatype="BYTES", data=[r.prediction for r in results]
+            )
+        if name == "PROBABILITIES":
+            data = [float(r.probabilities[c]) for r in results for c in classes]
+            return ResponseOutput(name=name, shape=[b, len(classes)], datatype="FP32", data=data)
+        if name == "CLASSES":
+            return ResponseOutput(
+                name=name, shape=[len(classes)], datatype="BYTES", data=list(classes)
+            )
+        if name == "EXPECTED_ACCURACY":
+            return ResponseOutput(
+                name=name, shape=[b], datatype="FP32", data=[r.expected_accuracy for r in results]
+            )
+        if name == "COST_SPENT":
+            return ResponseOutput(
+                name=name, shape=[b], datatype="FP32", data=[r.cost.spent for r in results]
+            )
+        if name == "COST_BUDGET":
+            return ResponseOutput(
+                name=name, shape=[b], datatype="FP32", data=[r.cost.budget for r in results]
+            )
+        return ResponseOutput(
+            name=name, shape=[b], datatype="BYTES", data=[r.model_dump_json() for r in results]
+        )
+
+    params: dict[str, bool | int | float | str] = {
+        "cost_unit": bundle.manifest.cost_unit,
+        "spent": sum(r.cost.spent for r in results),
+        "strategy": results[0].strategy,
+    }
+    if budget is not None:
+        params["budget"] = budget
+    if total is not None:
+        params["total_budget"] = total
+    return InferenceResponse(
+        model_name=bundle.manifest.name,
+        model_version=bundle.manifest.version,
+        id=req.id,
+        parameters=params,
+        outputs=[output(n) for n in wanted],
+    )
+
+
+INFER_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": inline_schema(InferenceRequest)}},
+    "description": "an inference request (JSON; binary tensor data may follow the JSON part, "
+    "whose length is then in the Inference-Header-Content-Length header)",
+}
+
+_ERRORS = {
+    400: "the protocol cannot read the request (bad JSON, shapes, datatypes, parameters)",
+    404: "unknown model or version",
+    413: "request body or image too large",
+    422: "an item the model cannot read",
+    503: "the model failed to load, or the service is overloaded",
+}
+
+
+def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": V2Error, "description": _ERRORS[s]} for s in statuses}
+
+
+_MODEL = "/v2/models/{name}"
+_VERSION = "/v2/models/{name}/versions/{version}"
+_READY_DOC = {"model": ModelReady, "description": "the model failed to load"}
+_INFER = {
+    "response_model": InferenceResponse,
+    "openapi_extra": {"requestBody": INFER_BODY},
+    "responses": v2_errors(400, 404, 413, 422, 503),
+}
+
+#: (method, path, endpoint, add_api_route options) of every v2 route, in schema order.
+ROUTES: tuple[tuple[str, str, Any, dict[str, Any]], ...] = (
+    ("GET", "/v2", server_metadata, {}),
+    ("GET", "/v2/health/live", live, {}),
+    (
+        "GET",
+        "/v2/health/ready",
+        ready,
+        {
+            "response_model": Ready,
+            "responses": {400: {"model": Ready, "description": "no model loaded"}},
+        },
+    ),
+    (
+        "GET",
+        _MODEL,
+        model_metadata,
+        {"response_model": ModelMetadata, "responses": v2_errors(404, 503)},
+    ),
+    (
+        "GET",
+        _VERSION,
+        version_metadata,
+        {"response_model": ModelMetadata, "responses": v2_errors(404, 503)},
+    ),
+    (
+        "GET",
+        _MODEL + "/ready",
+        model_ready,
+        {"response_model": ModelReady, "responses": {400: _READY_DOC, **v2_errors(404, 503)}},
+    ),
+    (
+        "GET",
+        _VERSION + "/ready",
+        version_ready,
+        {"response_model": ModelReady, "responses": {400: _READY_DOC, **v2_errors(404, 503)}},
+    ),
+    ("POST", _MODEL + "/infer", infer, _INFER),
+    ("POST", _VERSION + "/infer", version_infer, _INFER),
+)
