@@ -17,6 +17,7 @@ console = Console()
 def main() -> None:
     from benchmarks import (
         anytime,
+        batch,
         calibration,
         dag,
         digits,
@@ -38,6 +39,7 @@ def main() -> None:
         ("gating", lambda: gating.main()),
         ("service", lambda: service.main()),
         ("fixed server", lambda: fixed_server.main()),
+        ("batch", lambda: batch.main()),
     ):
         t0 = time.perf_counter()
         run()

@@ -25,9 +25,10 @@ unit), planned in two layers:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -172,17 +173,24 @@ class BatchPlan:
         return sum(self.spent)
 
 
+def _no_overhead() -> float:
+    return 0.0
+
+
 async def run_batch(
     options: Callable[[int], Sequence[Option]],
     n_items: int,
     total: float,
     run_item: Callable[[int, float], Awaitable[float]],
+    overhead: Callable[[], float] = _no_overhead,
 ) -> BatchPlan:
     """Run ``n_items`` items under ``total``: re-plan the items left before each one, run the
     one with the smallest allotment (``run_item(index, budget)`` returns what it spent).
 
     ``options(i)`` is asked again at each re-plan, so it may change as the batch goes (an
-    item identical to one already run gets that item's features free)."""
+    item identical to one already run gets that item's features free). ``overhead()`` is
+    added to every option at each re-plan: what an item costs beyond its extractions, as
+    measured so far (see :class:`OverheadTracker`)."""
     budgets = [0.0] * n_items
     spent = [0.0] * n_items
     planned = [0.0] * n_items
@@ -190,7 +198,8 @@ async def run_batch(
     left_items = list(range(n_items))
     used = 0.0
     while left_items:
-        opts = [options(i) for i in left_items]
+        extra = overhead()
+        opts = [[Option(o.cost + extra, o.accuracy) for o in options(i)] for i in left_items]
         left = max(total - used, 0.0)
         chosen = allocate(opts, left)
         k = min(range(len(left_items)), key=lambda k: (opts[k][chosen[k]].cost, left_items[k]))
@@ -201,6 +210,27 @@ async def run_batch(
         used += spent[i]
         order.append(i)
     return BatchPlan(budgets=budgets, spent=spent, planned=planned, order=order)
+
+
+class OverheadTracker:
+    """What the items of a batch spent beyond their extractions (planning, inference, cache
+    read: measured costs only), at least ``floor``: the median of those seen so far (a
+    single item stalled by the machine does not make every later item look expensive). An
+    overhead the plan did not foresee would otherwise come out of the items after it."""
+
+    def __init__(self, floor: float) -> None:
+        self.floor = floor
+        self.seen: list[float] = []
+
+    def record(self, spent: float, charged: float) -> None:
+        bisect.insort(self.seen, spent - charged)
+
+    def __call__(self) -> float:
+        if not self.seen:
+            return self.floor
+        mid = len(self.seen) // 2
+        median = self.seen[mid] if len(self.seen) % 2 else (self.seen[mid - 1] + self.seen[mid]) / 2
+        return max(self.floor, median)
 
 
 # --- the batch request, on the predict handler -------------------------------------------
@@ -258,7 +288,16 @@ async def predict_batch(
             await run(i, budget)
     else:
         assert total_budget is not None
-        plan = await _run_total(handler, model, items, strategy, total_budget, run)
+        charged: dict[int, dict[str, float]] = {}
+
+        async def run_charged(i: int, item_budget: float) -> float:
+            spent = await run(i, item_budget)
+            response = responses[i]
+            assert response is not None
+            charged[i] = response.cost.charged
+            return spent
+
+        plan = await _run_total(handler, model, items, strategy, total_budget, run_charged, charged)
     done = [r for r in responses if r is not None]
     assert len(done) == len(items)
     return BatchOutcome(responses=done, plan=plan)
@@ -271,6 +310,7 @@ async def _run_total(
     strategy: str | None,
     total: float,
     run: Callable[[int, float], Awaitable[float]],
+    charged: Mapping[int, Mapping[str, float]],
 ) -> BatchPlan:
     if not (isinstance(total, float | int) and math.isfinite(total) and total > 0):
         raise InvalidRequest(f"'total_budget' must be a finite number > 0, got {total!r}")
@@ -294,24 +334,26 @@ async def _run_total(
     in_hand = [set(handler._given(bundle, d)) for d in decoded]
     for names, found in zip(in_hand, await _cached(handler, bundle, decoded), strict=True):
         names.update(found)
-    overhead = handler.reserve_ms if measured else 0.0
+    overhead = OverheadTracker(handler.reserve_ms if measured else 0.0)
     memo: dict[int, list[Option]] = {}
 
     def options(i: int) -> list[Option]:
         if i not in memo:
-            memo[i] = item_options(runtime, decoded[i].size, in_hand[i], overhead)
+            memo[i] = item_options(runtime, decoded[i].size, in_hand[i])
         return memo[i]
 
     async def run_shared(i: int, item_budget: float) -> float:
         spent = await run(i, item_budget)
+        if measured:
+            overhead.record(spent, sum(charged[i].values()))
         # Identical items later in the batch now have this item's features (cache written).
         for j, d in enumerate(decoded):
             if j != i and d.key == decoded[i].key:
-                in_hand[j].update(bundle.extractors)
+                in_hand[j].update(in_hand[i], charged[i])
                 memo.pop(j, None)
         return spent
 
-    return await run_batch(options, len(items), float(total), run_shared)
+    return await run_batch(options, len(items), float(total), run_shared, overhead)
 
 
 async def _cached(

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from service.batch import (
     BatchPlan,
     Option,
+    OverheadTracker,
     _hull,
     allocate,
     item_options,
@@ -226,3 +227,34 @@ def test_bad_batches_are_4xx_with_a_reason(
     r = router.post("/predict", json={"model": "router", **body})
     assert r.status_code == status, r.text
     assert mentions in r.json()["error"]["message"]
+
+
+def test_overhead_learnt_in_a_batch_is_planned_for() -> None:
+    tracker = OverheadTracker(0.5)
+    assert tracker() == 0.5
+    tracker.record(spent=2.0, charged=1.2)
+    assert tracker() == pytest.approx(0.8)
+    tracker.record(spent=0.9, charged=0.6)
+    assert tracker() == pytest.approx(0.55)  # the median of 0.8 and 0.3
+    tracker.record(spent=50.0, charged=0.0)  # one stalled item
+    assert tracker() == pytest.approx(0.8)
+    tracker.record(spent=0.1, charged=0.0)
+    tracker.record(spent=0.1, charged=0.0)
+    assert tracker() == 0.5  # never below the floor
+
+    # Two items, each costing 1.0 beyond its extractions: once the first has shown it, the
+    # second is planned with that overhead (its extraction no longer fits the total).
+    options = [[Option(0.0, 0.1), Option(1.0, 0.9)]] * 2
+    seen: list[float] = []
+    learnt = OverheadTracker(0.0)
+
+    async def run_item(i: int, budget: float) -> float:
+        seen.append(budget)
+        extraction = 1.0 if budget >= 1.0 else 0.0
+        learnt.record(extraction + 1.0, extraction)
+        return extraction + 1.0
+
+    plan = anyio.run(run_batch, lambda i: options[i], 2, 3.0, run_item, learnt)
+    assert seen[0] == 1.0  # planned with no overhead known: the upgrade fits
+    assert seen[1] == pytest.approx(1.0)  # left 1.0: overhead 1.0 + option 0, no upgrade
+    assert plan.planned[plan.order[1]] == pytest.approx(1.0)
