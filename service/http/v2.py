@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from service import errors
 from service.batch import predict_batch
-from service.http.errors import status_of
+from service.http.errors import documented, status_of
 from service.http.state import AppState, app_state
 from service.http.v2_schemas import (
     DATATYPES,
@@ -618,7 +618,13 @@ _ERRORS = {
 
 
 def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {s: {"model": V2Error, "description": _ERRORS[s]} for s in statuses}
+    """The protocol's error bodies for ``statuses``, and the app's for a 422 of FastAPI's
+    own parameter validation (which the v2 routes, taking only string path parameters, do
+    not reach; documented so that the schema has no undocumented error body)."""
+    responses = {s: {"model": V2Error, "description": _ERRORS[s]} for s in statuses}
+    if 422 not in statuses:
+        responses.update(documented(422))
+    return responses
 
 
 _MODEL = "/v2/models/{name}"
