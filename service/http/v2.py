@@ -621,7 +621,9 @@ def v2_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The protocol's error bodies for ``statuses``, and the app's for a 422 of FastAPI's
     own parameter validation (which the v2 routes, taking only string path parameters, do
     not reach; documented so that the schema has no undocumented error body)."""
-    responses = {s: {"model": V2Error, "description": _ERRORS[s]} for s in statuses}
+    responses: dict[int | str, dict[str, Any]] = {
+        s: {"model": V2Error, "description": _ERRORS[s]} for s in statuses
+    }
     if 422 not in statuses:
         responses.update(documented(422))
     return responses
