@@ -426,6 +426,8 @@ def to_items(
             raise ProtocolError(f"input {inp.name!r} is sent twice")
         tensors[inp.name] = (inp, tensor(inp, data))
     ids = tensors.pop("ID", None)
+    if ids is not None and ids[0].datatype != "BYTES":
+        raise ProtocolError(f"ID must be BYTES (the items' ids), got {ids[0].datatype}")
     if bundle.manifest.item.kind == "tabular":
         items = _tabular_items(bundle, tensors)
     else:
@@ -480,7 +482,7 @@ def _png(image: npt.NDArray[Any]) -> str:
     if image.shape[0] == 0 or image.shape[1] == 0:
         raise ProtocolError(f"IMAGE holds an empty {image.shape[0]}x{image.shape[1]} image")
     if image.dtype == np.uint8:
-        img = Image.fromarray(np.ascontiguousarray(image), mode="L")
+        img = Image.fromarray(np.ascontiguousarray(image))  # 2-D uint8: mode L
     else:
         values = image.astype(np.float64)
         if not np.all(np.isfinite(values)) or values.min() < 0.0 or values.max() > 1.0:

@@ -240,3 +240,27 @@ def test_malformed_bodies_are_400(server: str) -> None:
         r = httpx.post(url, content=content, headers=headers, timeout=60)
         assert r.status_code == 400, (content, r.text)
         assert set(r.json()) == {"error"} and mentions in r.json()["error"], r.text
+
+
+def test_uint8_images_and_ids_over_plain_json(server: str) -> None:
+    image = np.clip(digit_image(6, 32) * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    body: dict[str, Any] = {
+        "id": "req-1",
+        "inputs": [
+            {"name": "IMAGE", "shape": [1, 32, 32], "datatype": "UINT8", "data": image.tolist()},
+            {"name": "ID", "shape": [1], "datatype": "BYTES", "data": ["six"]},
+        ],
+        "parameters": {"budget": 1000.0},
+        "outputs": [{"name": "PREDICTION"}],
+    }
+    r = httpx.post(f"http://{server}/v2/models/digits/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "req-1" and r.json()["outputs"][0]["data"] == ["6"]
+    body["inputs"][1] = {"name": "ID", "shape": [1], "datatype": "INT32", "data": [6]}
+    r = httpx.post(f"http://{server}/v2/models/digits/infer", json=body, timeout=60)
+    assert r.status_code == 400 and "ID must be BYTES" in r.json()["error"]
+    body["inputs"] = [
+        {"name": "IMAGE", "shape": [1, 2, 2], "datatype": "FP32", "data": [0, 1, 2, 0]}
+    ]
+    r = httpx.post(f"http://{server}/v2/models/digits/infer", json=body, timeout=60)
+    assert r.status_code == 400 and "[0, 1]" in r.json()["error"]
