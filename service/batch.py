@@ -282,6 +282,9 @@ async def predict_batch(
         responses[i] = response
         return response.cost.spent
 
+    bundle = handler.registry.get(model)
+    bundle.strategy(strategy)  # an unknown strategy fails before anything is decoded
+    decoded = await _decode_all(handler, bundle, items)
     plan: BatchPlan | None = None
     if budget is not None:
         for i in range(len(items)):
@@ -297,7 +300,9 @@ async def predict_batch(
             charged[i] = response.cost.charged
             return spent
 
-        plan = await _run_total(handler, model, items, strategy, total_budget, run_charged, charged)
+        plan = await _run_total(
+            handler, bundle, decoded, strategy, total_budget, run_charged, charged
+        )
     done = [r for r in responses if r is not None]
     assert len(done) == len(items)
     return BatchOutcome(responses=done, plan=plan)
@@ -305,8 +310,8 @@ async def predict_batch(
 
 async def _run_total(
     handler: PredictHandler,
-    model: str,
-    items: Sequence[Any],
+    bundle: Bundle,
+    decoded: Sequence[DecodedItem],
     strategy: str | None,
     total: float,
     run: Callable[[int, float], Awaitable[float]],
@@ -314,23 +319,10 @@ async def _run_total(
 ) -> BatchPlan:
     if not (isinstance(total, float | int) and math.isfinite(total) and total > 0):
         raise InvalidRequest(f"'total_budget' must be a finite number > 0, got {total!r}")
-    bundle = handler.registry.get(model)
     runtime = bundle.strategy(strategy)
     measured = bundle.manifest.cost_basis == "measured"
     if measured and total > handler.limits.max_budget_ms:
         raise BudgetTooLarge(float(total), handler.limits.max_budget_ms)
-    # Decode every item first: a bad item fails the batch before anything is spent.
-    decoded: list[DecodedItem] = []
-    for i, item in enumerate(items):
-        try:
-            if bundle.decoder.heavy(item):
-                decoded.append(await handler._in_thread(partial(bundle.decoder.decode, item)))
-            else:
-                decoded.append(bundle.decoder.decode(item))
-        except BudgetServeError as exc:
-            exc.details.setdefault("item", i)
-            exc.message = f"items[{i}]: {exc.message}"
-            raise
     in_hand = [set(handler._given(bundle, d)) for d in decoded]
     for names, found in zip(in_hand, await _cached(handler, bundle, decoded), strict=True):
         names.update(found)
@@ -353,7 +345,26 @@ async def _run_total(
                 memo.pop(j, None)
         return spent
 
-    return await run_batch(options, len(items), float(total), run_shared, overhead)
+    return await run_batch(options, len(decoded), float(total), run_shared, overhead)
+
+
+async def _decode_all(
+    handler: PredictHandler, bundle: Bundle, items: Sequence[Any]
+) -> list[DecodedItem]:
+    """Every item decoded, so that a bad item fails the batch before anything is spent; its
+    error names its index."""
+    decoded: list[DecodedItem] = []
+    for i, item in enumerate(items):
+        try:
+            if bundle.decoder.heavy(item):
+                decoded.append(await handler._in_thread(partial(bundle.decoder.decode, item)))
+            else:
+                decoded.append(bundle.decoder.decode(item))
+        except BudgetServeError as exc:
+            exc.details.setdefault("item", i)
+            exc.message = f"items[{i}]: {exc.message}"
+            raise
+    return decoded
 
 
 async def _cached(

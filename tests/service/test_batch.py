@@ -219,6 +219,12 @@ def test_identical_items_share_features(digits_bundle_dir: Path) -> None:
             "items[1]",
         ),
         ({"items": [{"values": {}}], "total_budget": -1.0}, 422, "greater than 0"),
+        (
+            {"items": [{"values": {"r": 1.0}}, {"values": {"r": "x"}}], "budget": 5.0},
+            422,
+            "items[1]",
+        ),
+        ({"items": [{"values": {}}], "budget": 5.0, "strategy": "nope"}, 404, "no strategy"),
     ],
 )
 def test_bad_batches_are_4xx_with_a_reason(
