@@ -40,9 +40,10 @@ class ChainParams:
 def emissions(base: F64, contributions: F64, states: Bool) -> F64:
     """Emission scores (B, L, Y) of states (B, L, K) from per-template contributions
     (B, L, K, Y) and the state-independent ``base`` (Y,)."""
-    return base[None, None, :] + np.einsum(
+    out: F64 = base[None, None, :] + np.einsum(
         "blk,blky->bly", states.astype(np.float64), contributions
     )
+    return out
 
 
 def viterbi(emission: F64, mask: Bool, chain: ChainParams) -> I64:

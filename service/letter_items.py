@@ -62,7 +62,8 @@ def _from_png(index: int, text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     gray = np.asarray(img.convert("L"), dtype=np.uint8)
     if not np.all((gray == 0) | (gray == 255)):
         raise _bad(index, "is a PNG with gray levels other than 0 and 255")
-    return (gray == 255).astype(np.float32)
+    out: np.ndarray[Any, np.dtype[np.float32]] = (gray == 255).astype(np.float32)
+    return out
 
 
 class LettersDecoder:

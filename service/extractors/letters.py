@@ -28,7 +28,8 @@ def _letter(item: Any, position: int) -> F32:
         raise ValueError(f"expected a (letters, 16, 8) word, got an array of shape {word.shape}")
     if not 0 <= position < len(word):
         raise ValueError(f"the word has {len(word)} letters; there is no letter at {position}")
-    return word[position]
+    out: F32 = word[position]
+    return out
 
 
 def pixels_batch(letters: npt.ArrayLike) -> F32:

@@ -273,7 +273,9 @@ class OneShotSession(StructuredSession):
 
 
 @register_strategy
-class StructuredOneShotRuntime(_StructuredRuntime[StructuredOneShotStrategy]):
+class StructuredOneShotRuntime(
+    _StructuredRuntime[StructuredOneShotStrategy], StrategyRuntime[StructuredOneShotStrategy]
+):
     kind = "structured-oneshot"
 
     def check_policy(self, width: int) -> None:
@@ -350,7 +352,9 @@ class AnytimeSession(StructuredSession):
 
 
 @register_strategy
-class StructuredAnytimeRuntime(_StructuredRuntime[StructuredAnytimeStrategy]):
+class StructuredAnytimeRuntime(
+    _StructuredRuntime[StructuredAnytimeStrategy], StrategyRuntime[StructuredAnytimeStrategy]
+):
     kind = "structured-anytime"
 
     def check_policy(self, width: int) -> None:

@@ -192,11 +192,11 @@ def fit_chain(
 ) -> ChainModel:
     """Fit the predictor on ``words``: emissions on 85 %, α on the other 15 % (letter
     errors in random states); transitions from all of ``words``."""
-    words = np.asarray(words)
-    order = rng.permutation(len(words))
-    cut = int(0.85 * len(words))
-    fit_w, val_w = words[order[:cut]], words[order[cut:]]
-    trans, first, last, log_prior = _bigrams(data, list(words))
+    arr = np.asarray(words)
+    order = rng.permutation(len(arr))
+    cut = int(0.85 * len(arr))
+    fit_w, val_w = arr[order[:cut]], arr[order[cut:]]
+    trans, first, last, log_prior = _bigrams(data, list(arr))
     rows = _rows(data, list(fit_w))
     weights, offs, base = fit_emissions(
         [f[rows] for f in features], data.labels[rows], rng, replicas=replicas, max_iter=max_iter
@@ -281,14 +281,14 @@ def cross_fit(
 ) -> ChainProblem:
     """The policies' training problem: each word scored by a chain fitted on the other
     ``folds - 1`` folds of ``words``."""
-    words = np.asarray(words)
-    assignment = rng.permutation(len(words)) % folds
+    arr = np.asarray(words)
+    assignment = rng.permutation(len(arr)) % folds
     parts: list[ChainProblem] = []
     order: list[int] = []
     for f in range(folds):
-        held = words[assignment == f]
+        held = arr[assignment == f]
         model = fit_chain(
-            data, features, list(words[assignment != f]), rng, replicas=replicas, max_iter=max_iter
+            data, features, list(arr[assignment != f]), rng, replicas=replicas, max_iter=max_iter
         )
         parts.append(word_problem(model, data, features, list(held), templates))
         order.extend(int(w) for w in held)

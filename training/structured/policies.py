@@ -230,11 +230,11 @@ def fit_one_shot(
     if not xs:
         scorer = LinearScorer(standardiser, np.zeros((d, 1)), np.asarray([-CONSTANT_LOGIT]))
         return OneShotPolicy(lam, positive_weight, subsets, scorer)
-    x, y, w = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+    x, y, rw = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
     z = standardiser(x)
     if len(subsets) == 2:
         return OneShotPolicy(
-            lam, positive_weight, subsets, _binary_logit(z, y, w, standardiser, c, positive_weight)
+            lam, positive_weight, subsets, _binary_logit(z, y, rw, standardiser, c, positive_weight)
         )
     present = np.unique(y)
     if len(present) < 2:
@@ -247,8 +247,8 @@ def fit_one_shot(
             LinearScorer(standardiser, np.zeros((d, len(subsets))), bias),
         )
     model = LogisticRegression(C=c, max_iter=300)
-    w = np.where(y > 0, w * positive_weight, w)
-    model.fit(z, y, sample_weight=w / w.mean())
+    rw = np.where(y > 0, rw * positive_weight, rw)
+    model.fit(z, y, sample_weight=rw / rw.mean())
     weight = np.zeros((d, len(subsets)))
     bias = np.full(len(subsets), -CONSTANT_LOGIT)
     weight[:, model.classes_] = model.coef_.T
@@ -377,9 +377,9 @@ def fit_anytime(
             best_pair: tuple[int, int] | None = None
             best_score = -np.inf
             for j, k in enumerate(optional):
-                for p in np.flatnonzero(~states[i][:, k]):
-                    if scores[p, j] > best_score:
-                        best_score, best_pair = float(scores[p, j]), (int(p), k)
+                for q in np.flatnonzero(~states[i][:, k]):
+                    if scores[q, j] > best_score:
+                        best_score, best_pair = float(scores[q, j]), (int(q), k)
             if best_pair is not None:
                 states[i] = with_added(states[i], *best_pair)
         train_loss.append(float(problem.losses(list(range(n)), states, soft=False).mean()))
