@@ -147,6 +147,16 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         marg = marginals_one(em, self.chain)
         return [int(v) for v in labels], marg, had
 
+    def answerable(self) -> list[str]:
+        return [self.spec.answer_model]
+
+    def skyline(self, size: int) -> list[tuple[float, float, str]]:
+        """One point: every template of every one of ``size`` parts, decoded (the chain's
+        accuracy with all templates); cheaper answers are the policies' business."""
+        per_part = sum(t.cost for t in self.spec.templates) + self.spec.decode_cost
+        model = self.spec.answer_model
+        return [(size * per_part, self.accuracy[model], model)]
+
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         return self.session(size, budget)
 

@@ -127,6 +127,14 @@ def test_anytime_acquires_in_the_trained_order(trained: Trained, client: TestCli
         assert body["decision"]["stopped_by"] == "policy"
 
 
+def test_the_model_describes_its_structured_strategies(client: TestClient) -> None:
+    body = client.get("/models/ocr").json()
+    kinds = {s["kind"] for s in body["strategies"]}
+    assert kinds == {"structured-oneshot", "structured-anytime"}
+    skyline = client.get("/models/ocr/skyline", params={"size": 5})
+    assert skyline.status_code == 200, skyline.text
+
+
 def test_cached_templates_are_free(trained: Trained, client: TestClient) -> None:
     item = {"letters": _letters(trained.data, trained.words[0])}
     first = _ask(client, {"strategy": "structured-anytime", "budget": 5000, "item": item})
