@@ -37,8 +37,9 @@ from service.strategies.structured import (
     StructuredSession,
 )
 from training.bundles.ocr import profile_decode, profile_templates, write_ocr_bundle
-from training.structured.ocr import DEFAULT_DATA, load_ocr
+from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import train_ocr
+from training.structured.policies import myopic_states, uniform_states
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP = ROOT / ".bench-tmp" / "ocr"
@@ -315,7 +316,54 @@ def main(argv: list[str] | None = None) -> None:
                     "informative": wrong_at_s0 >= 2,
                 }
     bench_s = time.perf_counter() - t_start - train_s
-    _write(args, points, example, report, train, costs, decode_us, len(words), train_s, bench_s)
+    offline = _offline(data, train, words)
+    _write(
+        args,
+        points,
+        example,
+        report,
+        train,
+        costs,
+        decode_us,
+        len(words),
+        train_s,
+        bench_s,
+        offline,
+    )
+
+
+def _offline(data: OcrData, train: Any, words: list[int]) -> list[tuple[str, str, float, float]]:
+    """Policy quality without overhead: accuracy against the fraction of letters given HOG,
+    on the same held-out words, computed with the trained objects (no timing)."""
+    problem = word_problem(train.chain, data, train.features, words, train.templates)
+    ts = train.templates
+    idx = list(range(problem.n_examples))
+    letters = sum(problem.parts(i) for i in idx)
+    hog = ts.optional[0]
+    delta = float(ts.costs[hog])
+
+    def row(method: str, setting: str, states: list[Any]) -> tuple[str, str, float, float]:
+        wrong = problem.losses(idx, states, soft=False).sum()
+        frac = sum(int(st[:, hog].sum()) for st in states) / letters
+        return method, setting, float(1.0 - wrong / letters), frac
+
+    out = []
+    rng = np.random.default_rng(1)
+    for frac in UNIFORM:
+        out.append(row("uniform", f"{frac:.0%} HOG", uniform_states(problem, frac, rng)))
+    for pol in train.one_shot:
+        states = [pol.state(problem.policy_inputs(i), ts) for i in idx]
+        out.append(row("one-shot", f"λ={pol.lam:g}, w+={pol.positive_weight:g}", states))
+    for frac in (0.1, 0.2, 0.3, 0.5, 0.7):
+        states = []
+        for i in idx:
+            start = ts.initial(problem.parts(i))
+            budget = ts.cost(start) + frac * problem.parts(i) * delta - 1e-9
+            states.append(train.anytime.run(problem.policy_inputs(i), start, ts, budget))
+        out.append(row("anytime", f"{frac:.0%} of letters' HOG", states))
+    for tau in MYOPIC:
+        out.append(row("myopic", f"τ={tau:g}", myopic_states(problem, tau)[0]))
+    return sorted(out, key=lambda r: (r[0], r[3]))
 
 
 def _write(
@@ -329,6 +377,7 @@ def _write(
     n_words: int,
     train_s: float,
     bench_s: float,
+    offline: list[tuple[str, str, float, float]],
 ) -> None:
     import matplotlib
 
@@ -409,6 +458,9 @@ def _write(
                 f"{b.accuracy:.4f} at {b.mean_ms:.2f} ms with {b.hog / b.letters:.0%} HOG."
             )
     lines += summary
+    lines += ["", *prose("ocr", "offline")]
+    lines += ["", "| method | setting | letter accuracy | HOG letters |", "|---|---|---|---|"]
+    lines += [f"| {m} | {st} | {acc:.4f} | {frac:.0%} |" for m, st, acc, frac in offline]
     lines += ["", *prose("ocr", "after")]
     lines += [
         "",
