@@ -24,6 +24,7 @@ def main() -> None:
         extractors,
         fixed_server,
         gating,
+        ocr,
         polydom,
         service,
     )
@@ -37,6 +38,7 @@ def main() -> None:
         ("calibration", lambda: calibration.main()),
         ("dag", lambda: dag.main()),
         ("gating", lambda: gating.main()),
+        ("ocr (structured)", lambda: ocr.main([])),
         ("service", lambda: service.main()),
         ("fixed server", lambda: fixed_server.main()),
         ("batch", lambda: batch.main()),

@@ -537,11 +537,144 @@ class GatingStrategy(StrategySpec):
                 )
 
 
+class StructuredTemplate(_Strict):
+    """A feature template of a structured strategy (paper 004): extractor ``{name}@{p}``
+    computes it for part p; ``model`` scores it (ONNX: (n, dims) -> (n, labels), what the
+    template adds to each label's emission score)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    base: bool = Field(description="computed for every part before the policy runs (S0)")
+    cost: float = Field(ge=0, description="measured cost of one part's template, in ms")
+    model: str = Field(description="id of the emission scorer among the bundle's models")
+
+
+class _StructuredStrategy(StrategySpec):
+    """What both structured strategies share: the templates, the linear chain (emission
+    ``base`` + Σ template scores, ``transition[a][b]``, ``start``, ``end``; labels are the
+    manifest's classes), the policy scorer and the decoding cost."""
+
+    templates: list[StructuredTemplate] = Field(min_length=1)
+    base: list[float]
+    transition: list[list[float]]
+    start: list[float]
+    end: list[float]
+    answer_model: str = Field(description="model id reported as answering (the chain)")
+    policy_file: BundleFile = Field(
+        description="ONNX policy scorer: input 'features' (n parts x policy_input_dims, "
+        "recipe `policy_inputs`) -> output 'scores' (n x columns)"
+    )
+    policy_inputs: Literal["letters-v1"] = "letters-v1"
+    policy_input_dims: int = Field(ge=1)
+    decode_cost: float = Field(
+        ge=0, description="measured decoding (and policy) time per part, in ms: reserved"
+    )
+    max_parts: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> _StructuredStrategy:
+        y = len(self.base)
+        if len(self.transition) != y or any(len(r) != y for r in self.transition):
+            raise ValueError(f"strategy {self.name!r}: transition must be {y} x {y}")
+        if len(self.start) != y or len(self.end) != y:
+            raise ValueError(f"strategy {self.name!r}: start and end need {y} scores")
+        if not any(t.base for t in self.templates):
+            raise ValueError(f"strategy {self.name!r}: at least one template must be base")
+        return self
+
+    def extractor_names(self) -> list[str]:
+        return [f"{t.name}@{p}" for p in range(self.max_parts) for t in self.templates]
+
+    def referenced_models(self) -> set[str]:
+        return {t.model for t in self.templates} | {self.answer_model}
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        missing = [n for n in self.extractor_names() if n not in dims]
+        if missing:
+            raise ValueError(
+                f"strategy {self.name!r} needs extractors {missing[:4]} (one per template and "
+                "part), which the manifest does not declare"
+            )
+
+    def _summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": True,
+            "templates": [t.model_dump() for t in self.templates],
+            "max_parts": self.max_parts,
+            "decode_cost": self.decode_cost,
+        }
+
+
+class StructuredOperatingPoint(_Strict):
+    """One one-shot policy (a λ and class weight of Thm 2.2's weighted classifier)."""
+
+    lam: float = Field(ge=0)
+    positive_weight: float = Field(gt=0)
+    column: int = Field(ge=0, description="first column of its scores in the policy output")
+    mean_cost: float = Field(ge=0, description="mean template cost per part, in ms")
+    train_accuracy: float = Field(
+        ge=0,
+        le=1,
+        description="letter accuracy on the policy's own (cross-fitted) training "
+        "words; held-out numbers are the benchmark's",
+    )
+
+
+class StructuredOneShotStrategy(_StructuredStrategy):
+    """Paper 004's one-shot policy: after the base templates, one weighted classifier per
+    part picks its templates (edgeless policy graph); the operating point is the most
+    expensive one whose expected cost for the item fits the budget."""
+
+    kind: Literal["structured-oneshot"] = "structured-oneshot"
+    name: str = "structured-oneshot"
+    subsets: list[list[str]] = Field(
+        min_length=2, description="labels of the per-part classifier: optional template sets"
+    )
+    points: list[StructuredOperatingPoint] = Field(min_length=1)
+
+    def summary(self) -> dict[str, Any]:
+        out = self._summary()
+        out["points"] = [p.model_dump() for p in self.points]
+        return out
+
+
+class StructuredAnytimeStrategy(_StructuredStrategy):
+    """Paper 004's anytime policy (Alg. 1/2): π_t adds the (part, template) pair of highest
+    score in column ``t * len(optional) + j``; steps past ``steps`` use the last policy."""
+
+    kind: Literal["structured-anytime"] = "structured-anytime"
+    name: str = "structured-anytime"
+    optional: list[str] = Field(min_length=1, description="templates the policy adds")
+    steps: int = Field(ge=1)
+
+    def summary(self) -> dict[str, Any]:
+        out = self._summary()
+        out["optional"] = self.optional
+        out["steps"] = self.steps
+        return out
+
+
 # New strategy kinds join this union; the discriminator is ``kind``.
 Strategy = Annotated[
-    PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy, Field(discriminator="kind")
+    PolyDomStrategy
+    | GreedyStrategy
+    | DagStrategy
+    | GatingStrategy
+    | StructuredOneShotStrategy
+    | StructuredAnytimeStrategy,
+    Field(discriminator="kind"),
 ]
-AnyStrategy = PolyDomStrategy | GreedyStrategy | DagStrategy | GatingStrategy
+AnyStrategy = (
+    PolyDomStrategy
+    | GreedyStrategy
+    | DagStrategy
+    | GatingStrategy
+    | StructuredOneShotStrategy
+    | StructuredAnytimeStrategy
+)
 
 
 class ItemSpec(_Strict):
@@ -550,13 +683,18 @@ class ItemSpec(_Strict):
     ``image``: ``{"id"?, "png_base64"}``, size = pixel count. ``tabular``:
     ``{"id"?, "values"?: {column: number}}`` with any subset of ``columns`` (the values the
     client has; the other sensors are acquired by ``id`` or named as missing), size = 1.
+    ``letters``: ``{"id"?, "letters": [16 x 8 0/1 rows, or a base64 PNG, per letter]}``,
+    size = the number of letters (at most ``max_letters``).
     """
 
-    kind: Literal["image", "tabular"] = "image"
+    kind: Literal["image", "tabular", "letters"] = "image"
     max_pixels: int = Field(default=1 << 22, ge=1)
     min_side: int = Field(default=8, ge=1, description="smallest width or height accepted")
     columns: list[str] = Field(default_factory=list, description="tabular: the value names")
     size_unit: str = "pixels"
+    max_letters: int = Field(
+        default=14, ge=1, description="letters: the most letters a word may have"
+    )
 
     @model_validator(mode="after")
     def _columns(self) -> ItemSpec:

@@ -312,6 +312,7 @@ class Execution:
     charged: dict[str, float] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     next_feature: str | None = None
+    prediction: str | None = None
 
     def over_budget(self, budget: float) -> bool:
         return self.spent > budget
@@ -361,7 +362,8 @@ def execute(
         on_acquire=on_extraction,
     )
     t0 = time.perf_counter()
-    probabilities = runtime.predict(run.answer, run.features)
+    decoded = run.session.decode(run.features)
+    probabilities = runtime.predict(run.answer, run.features) if decoded is None else decoded
     inference_s = time.perf_counter() - t0
     if not np.all(np.isfinite(probabilities)):
         # e.g. a polynomial model fed values far outside its training range overflows
@@ -390,4 +392,5 @@ def execute(
         charged=run.charged,
         unavailable=run.unavailable,
         next_feature=run.next_feature,
+        prediction=session.prediction,
     )

@@ -293,7 +293,9 @@ class PredictHandler:
         answer = manifest.model(run.answer)
         return PredictResponse(
             model=manifest.name,
-            prediction=labels[int(np.argmax(probs))],
+            prediction=(
+                labels[int(np.argmax(probs))] if run.prediction is None else run.prediction
+            ),
             probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
             features=list(answer.features),
             expected_accuracy=(

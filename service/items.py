@@ -340,4 +340,8 @@ def _names(names: Sequence[str]) -> str:
 def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
     if spec.kind == "image":
         return ImageDecoder(spec, max_pixels)
+    if spec.kind == "letters":
+        from service.letter_items import LettersDecoder
+
+        return LettersDecoder(spec)
     return TabularDecoder(spec)

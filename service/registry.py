@@ -243,6 +243,8 @@ def _warm_up(
         if manifest.item.kind == "image"
         else dict.fromkeys(manifest.item.columns, 0.0)
     )
+    if manifest.item.kind == "letters":
+        blank = np.zeros((manifest.item.max_letters, 16, 8), dtype=np.float32)
     features = {}
     for name, extractor in extractors.items():
         try:

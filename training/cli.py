@@ -356,6 +356,44 @@ def dag(
 
 
 @app.command()
+def ocr(
+    data: Annotated[
+        Path, typer.Option("--data", help="ocr-letters.npz of the shared datasets")
+    ] = Path("../shared/datasets/ocr-letters/ocr-letters.npz"),
+    out: Annotated[Path, typer.Option("--out", help="bundle folder")] = Path("models/ocr"),
+    chain_words: Annotated[
+        int | None,
+        typer.Option("--chain-words", help="training words the chain is fitted on (all: omit)"),
+    ] = None,
+    policy_words: Annotated[
+        int, typer.Option("--policy-words", help="training words the policies learn on")
+    ] = 1500,
+    max_iter: Annotated[
+        int, typer.Option("--max-iter", help="iterations of the emission regressions")
+    ] = 150,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Build the OCR bundle (budgeted structured prediction, paper 004): measured template
+    costs, a linear chain over letters, one-shot and anytime policies (cross-fitted)."""
+    from training.bundles.ocr import build_ocr_bundle
+
+    try:
+        report = build_ocr_bundle(
+            out,
+            data,
+            chain_words=chain_words,
+            policy_words=policy_words,
+            max_iter=max_iter,
+            seed=seed,
+            log=console.print,
+        )
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--data") from None
+    console.print(f"parity (max relative error): {report.parity}")
+    console.print(f"[bold]ocr[/] written to {report.out}: {report.summary}")
+
+
+@app.command()
 def gating(
     csv_path: CsvOption,
     spec_path: SpecOption,

@@ -4,5 +4,6 @@ from service.strategies import dag as dag
 from service.strategies import gating as gating
 from service.strategies import greedy as greedy
 from service.strategies import polydom as polydom
+from service.strategies import structured as structured
 
-__all__ = ["dag", "gating", "greedy", "polydom"]
+__all__ = ["dag", "gating", "greedy", "polydom", "structured"]

@@ -75,6 +75,15 @@ class Session(ABC):
     # The accuracy to report when the strategy knows better than the answering model's own
     # estimate (a DAG policy's held-out accuracy on the items it routes); None: the model's.
     expected_accuracy: float | None = None
+    # The prediction when it is not one class (a structured strategy's word), set by
+    # ``decode``; None: the class of highest probability.
+    prediction: str | None = None
+
+    def decode(self, features: Mapping[str, FloatVector]) -> FloatVector | None:
+        """Structured strategies decode the whole item here, after the session answered
+        (timed as inference), and return the class probabilities to report; None (the
+        default): the runtime's ``predict`` answers."""
+        return None
 
     @abstractmethod
     def step(self, obs: Observation) -> Step:

@@ -1,0 +1,387 @@
+"""Budgeted structured prediction (paper 004) as strategy runtimes: ``structured-oneshot``
+and ``structured-anytime``.
+
+An item has parts (a word's letters); a bundle declares one extractor per (template, part),
+``pixels@3``, ``hog@3``, so the request loop acquires, caches and charges templates part by
+part (a cached template is free). Per request the session
+
+1. acquires the base templates of every part (the initial state S0), while they fit;
+2. runs the policy once on S0 (its inputs, recipe ``letters-v1``, from the base features and
+   one forward-backward of the chain; its scores from one ONNX call);
+3. acquires (part, template) pairs: the one-shot policy's chosen pairs (the operating point
+   is the most expensive one whose expected cost fits the budget), or, anytime (Alg. 2),
+   π_t's best pair at step t, until the policy stops or the next pair's predicted cost no
+   longer fits what is left of the budget after the decoding reserve;
+4. answers; ``decode`` then scores every part from the templates in hand (one ONNX call per
+   template), decodes the word exactly (Viterbi) and computes per-part marginals.
+
+The budget is a hard cap up to prediction error: a pair is acquired only when its predicted
+cost fits, so the spent cost exceeds the budget by at most the misprediction of the last
+template acquired (plus that of decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from typing_extensions import TypeVar
+
+from service.bundle import (
+    StructuredAnytimeStrategy,
+    StructuredOneShotStrategy,
+    StructuredOperatingPoint,
+    _StructuredStrategy,
+)
+from service.chain import ChainParams, marginals_one, policy_inputs_v1, viterbi_one
+from service.errors import BundleError
+from service.inference import open_onnx
+from service.strategies.base import (
+    Acquire,
+    Answer,
+    Observation,
+    Session,
+    Step,
+    StrategyRuntime,
+    affordable,
+    register_strategy,
+)
+from service.types import FloatVector
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+StructT = TypeVar("StructT", bound=_StructuredStrategy, default=_StructuredStrategy)
+
+
+class _Scorer:
+    """An ONNX model (n, d) -> (n, c) run on a batch of parts."""
+
+    def __init__(self, session: ort.InferenceSession, what: str, dims: int) -> None:
+        self.session = session
+        self.input = session.get_inputs()[0].name
+        self.dims = dims
+        self.what = what
+
+    def __call__(self, x: F32) -> F64:
+        out = self.session.run(None, {self.input: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return np.asarray(out, dtype=np.float64)
+
+
+class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
+    def setup(self) -> None:
+        spec = self.spec
+        if self.bundle_dir is None:
+            raise BundleError(f"strategy {spec.name!r} needs its bundle folder for its models")
+        self.names = [t.name for t in spec.templates]
+        self.base_k = [k for k, t in enumerate(spec.templates) if t.base]
+        self.optional_k = [k for k, t in enumerate(spec.templates) if not t.base]
+        self.chain = ChainParams(
+            np.asarray(spec.transition, dtype=np.float64),
+            np.asarray(spec.start, dtype=np.float64),
+            np.asarray(spec.end, dtype=np.float64),
+        )
+        self.base = np.asarray(spec.base, dtype=np.float64)
+        if len(self.base) != len(self.manifest.classes):
+            raise BundleError(
+                f"strategy {spec.name!r}: {len(self.base)} label scores for "
+                f"{len(self.manifest.classes)} classes"
+            )
+        self.scorers: list[_Scorer] = []
+        for t in spec.templates:
+            model = self.manifest.model(t.model)
+            if model.file is None:
+                raise BundleError(f"strategy {spec.name!r}: template {t.name!r} has no scorer")
+            session = open_onnx(self.bundle_dir, model.file, f"emission scorer {t.model!r}")
+            self.scorers.append(_Scorer(session, t.model, model.input_dims))
+        self.policy = _Scorer(
+            open_onnx(self.bundle_dir, spec.policy_file, f"policy of {spec.name!r}", "policy_file"),
+            f"policy of {spec.name!r}",
+            spec.policy_input_dims,
+        )
+        width = self.policy(np.zeros((1, spec.policy_input_dims), dtype=np.float32)).shape[1]
+        self.policy_columns = width
+        self.check_policy(width)
+
+    def check_policy(self, width: int) -> None:
+        """Raise ``BundleError`` when the policy's output does not fit the spec."""
+
+    def feature(self, part: int, k: int) -> str:
+        return f"{self.names[k]}@{part}"
+
+    # -- what both sessions share
+
+    def s0_emission(self, features: Mapping[str, FloatVector], size: int) -> F64:
+        em = np.repeat(self.base[None, :], size, axis=0)
+        for k in self.base_k:
+            x = np.stack([features[self.feature(p, k)] for p in range(size)])
+            em += self.scorers[k](x)
+        return em
+
+    def policy_scores(self, features: Mapping[str, FloatVector], size: int) -> F64:
+        """The policy's scores (parts, columns) from S0."""
+        k0 = self.base_k[0]
+        base_x = np.stack([features[self.feature(p, k0)] for p in range(size)])
+        inputs = policy_inputs_v1(base_x, self.s0_emission(features, size), self.chain)
+        return self.policy(inputs)
+
+    def decode_word(
+        self, features: Mapping[str, FloatVector], size: int
+    ) -> tuple[list[int], F64, list[list[str]]]:
+        """Labels, marginals (parts, Y) and templates of each part, from the features in
+        hand."""
+        em = np.repeat(self.base[None, :], size, axis=0)
+        had: list[list[str]] = [[] for _ in range(size)]
+        for k, scorer in enumerate(self.scorers):
+            parts = [p for p in range(size) if self.feature(p, k) in features]
+            if not parts:
+                continue
+            x = np.stack([features[self.feature(p, k)] for p in parts])
+            em[parts] += scorer(x)
+            for p in parts:
+                had[p].append(self.names[k])
+        labels = viterbi_one(em, self.chain)
+        marg = marginals_one(em, self.chain)
+        return [int(v) for v in labels], marg, had
+
+    def answerable(self) -> list[str]:
+        return [self.spec.answer_model]
+
+    def skyline(self, size: int) -> list[tuple[float, float, str]]:
+        """One point: every template of every one of ``size`` parts, decoded (the chain's
+        accuracy with all templates); cheaper answers are the policies' business."""
+        per_part = sum(t.cost for t in self.spec.templates) + self.spec.decode_cost
+        model = self.spec.answer_model
+        return [(size * per_part, self.accuracy[model], model)]
+
+    def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
+        return self.session(size, budget)
+
+    def session(self, size: int, budget: float) -> StructuredSession:
+        raise NotImplementedError
+
+
+class StructuredSession(Session):
+    """Base templates first, then the policy's pairs while they fit (see the module)."""
+
+    def __init__(self, runtime: _StructuredRuntime[Any], size: int, budget: float) -> None:
+        self.runtime = runtime
+        self.size = size
+        if size > runtime.spec.max_parts:
+            raise BundleError(
+                f"strategy {runtime.name!r} serves at most {runtime.spec.max_parts} parts"
+            )
+        self.per_feature = runtime.costs.at(size)
+        self.reserve = runtime.spec.decode_cost * size
+        self.scores: F64 | None = None
+        self.steps = 0
+        self.result: dict[str, Any] | None = None
+        self.stopped = "policy"
+
+    def _fits(self, name: str, obs: Observation) -> bool:
+        return affordable(self.per_feature[name], obs.remaining - self.reserve, obs.budget)
+
+    def _answer(self) -> Answer:
+        return Answer(self.runtime.spec.answer_model)
+
+    def step(self, obs: Observation) -> Step:
+        rt = self.runtime
+        for p in range(self.size):
+            for k in rt.base_k:
+                name = rt.feature(p, k)
+                if name not in obs.features:
+                    if not self._fits(name, obs):
+                        self.stopped = "budget"
+                        return self._answer()
+                    return Acquire(name)
+        if self.scores is None:
+            self.scores = rt.policy_scores(obs.features, self.size)
+            self.on_scores(obs)
+        pair = self.next_pair(obs)
+        if pair is None:
+            return self._answer()
+        name = rt.feature(*pair)
+        if not self._fits(name, obs):
+            self.stopped = "budget"
+            return self._answer()
+        self.steps += 1
+        return Acquire(name)
+
+    def on_scores(self, obs: Observation) -> None:
+        """Called once the policy scores are known."""
+
+    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+    def fallback(self, obs: Observation) -> Answer:
+        self.stopped = "budget"
+        return self._answer()
+
+    def decode(self, features: Mapping[str, FloatVector]) -> FloatVector:
+        rt = self.runtime
+        labels, marg, had = rt.decode_word(features, self.size)
+        classes = rt.manifest.classes
+        word = "".join(classes[y] for y in labels)
+        conf = [float(marg[p, y]) for p, y in enumerate(labels)]
+        self.prediction = word
+        self.expected_accuracy = float(np.mean(conf))
+        self.result = {
+            "kind": "structured",
+            "word": word,
+            "letters": [
+                {"label": classes[y], "confidence": c, "templates": t}
+                for y, c, t in zip(labels, conf, had, strict=True)
+            ],
+            "stopped_by": self.stopped,
+            **self.extra(),
+        }
+        mean: FloatVector = marg.mean(axis=0).astype(np.float32)
+        return mean
+
+    def extra(self) -> dict[str, Any]:
+        return {}
+
+    def report(self) -> dict[str, Any] | None:
+        return self.result
+
+
+# ---------------------------------------------------------------------------- one-shot
+
+
+class OneShotSession(StructuredSession):
+    def __init__(self, runtime: StructuredOneShotRuntime, size: int, budget: float) -> None:
+        super().__init__(runtime, size, budget)
+        self.point = runtime.point_for(size, budget)
+        self.planned = runtime.expected_cost(self.point, size)
+        self.plan: list[tuple[int, int]] = []
+        self.oneshot = runtime
+
+    def on_scores(self, obs: Observation) -> None:
+        assert self.scores is not None
+        self.plan = self.oneshot.chosen_pairs(self.scores, self.point)
+
+    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
+        rt = self.runtime
+        while self.plan:
+            pair = self.plan[0]
+            if rt.feature(*pair) in obs.features:  # cached: free
+                self.plan.pop(0)
+                continue
+            self.plan.pop(0)
+            return pair
+        return None
+
+    def extra(self) -> dict[str, Any]:
+        return {
+            "policy": "one-shot",
+            "lam": self.point.lam,
+            "positive_weight": self.point.positive_weight,
+        }
+
+
+@register_strategy
+class StructuredOneShotRuntime(
+    _StructuredRuntime[StructuredOneShotStrategy], StrategyRuntime[StructuredOneShotStrategy]
+):
+    kind = "structured-oneshot"
+
+    def check_policy(self, width: int) -> None:
+        spec = self.spec
+        self.subsets = [[self.names.index(n) for n in s] for s in spec.subsets]
+        cols = 1 if len(spec.subsets) == 2 else len(spec.subsets)
+        for point in spec.points:
+            if point.column + cols > width:
+                raise BundleError(
+                    f"strategy {spec.name!r}: point λ={point.lam} reads policy columns "
+                    f"{point.column}..{point.column + cols - 1}, the policy has {width}"
+                )
+        self.columns_per_point = cols
+        self.points = sorted(spec.points, key=lambda p: p.mean_cost)
+
+    def expected_cost(self, point: StructuredOperatingPoint, size: int) -> float:
+        base = sum(self.spec.templates[k].cost for k in self.base_k)
+        return size * (base + point.mean_cost + self.spec.decode_cost)
+
+    def point_for(self, size: int, budget: float) -> StructuredOperatingPoint:
+        """The most expensive point whose expected cost for ``size`` parts fits."""
+        best = self.points[0]
+        for point in self.points:
+            if self.expected_cost(point, size) <= budget:
+                best = point
+        return best
+
+    def chosen_pairs(self, scores: F64, point: StructuredOperatingPoint) -> list[tuple[int, int]]:
+        """The (part, template) pairs the point's classifier adds, most confident first."""
+        cols = scores[:, point.column : point.column + self.columns_per_point]
+        if self.columns_per_point == 1:
+            chosen = (cols[:, 0] > 0).astype(int)
+            strength = cols[:, 0]
+        else:
+            chosen = cols.argmax(axis=1)
+            strength = cols.max(axis=1)
+        pairs: list[tuple[float, int, int]] = []
+        for p in range(len(scores)):
+            for k in self.subsets[int(chosen[p])]:
+                pairs.append((-float(strength[p]), p, k))
+        return [(p, k) for _, p, k in sorted(pairs)]
+
+    def session(self, size: int, budget: float) -> StructuredSession:
+        return OneShotSession(self, size, budget)
+
+
+# ---------------------------------------------------------------------------- anytime
+
+
+class AnytimeSession(StructuredSession):
+    def __init__(self, runtime: StructuredAnytimeRuntime, size: int, budget: float) -> None:
+        super().__init__(runtime, size, budget)
+        self.anytime = runtime
+        self.planned = budget
+
+    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
+        """π_t's best pair not in hand, t = optional pairs in hand (Alg. 2)."""
+        assert self.scores is not None
+        rt = self.anytime
+        t = sum(
+            1 for p in range(self.size) for k in rt.optional_k if rt.feature(p, k) in obs.features
+        )
+        best: tuple[int, int] | None = None
+        best_score = -np.inf
+        for j, k in enumerate(rt.optional_k):
+            col = self.scores[:, rt.column(t, j)]
+            for p in range(self.size):
+                if rt.feature(p, k) not in obs.features and col[p] > best_score:
+                    best_score, best = float(col[p]), (p, k)
+        return best
+
+    def extra(self) -> dict[str, Any]:
+        return {"policy": "anytime", "steps": self.steps}
+
+
+@register_strategy
+class StructuredAnytimeRuntime(
+    _StructuredRuntime[StructuredAnytimeStrategy], StrategyRuntime[StructuredAnytimeStrategy]
+):
+    kind = "structured-anytime"
+
+    def check_policy(self, width: int) -> None:
+        spec = self.spec
+        if [self.names[k] for k in self.optional_k] != spec.optional:
+            raise BundleError(
+                f"strategy {spec.name!r}: optional templates {spec.optional} are not the "
+                f"non-base templates {[self.names[k] for k in self.optional_k]} in order"
+            )
+        if width != spec.steps * len(self.optional_k):
+            raise BundleError(
+                f"strategy {spec.name!r}: the policy has {width} columns; {spec.steps} steps x "
+                f"{len(self.optional_k)} optional templates are declared"
+            )
+
+    def column(self, t: int, j: int) -> int:
+        return min(t, self.spec.steps - 1) * len(self.optional_k) + j
+
+    def session(self, size: int, budget: float) -> StructuredSession:
+        return AnytimeSession(self, size, budget)

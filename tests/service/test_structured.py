@@ -1,0 +1,232 @@
+"""The structured OCR strategies (paper 004) served end to end: a small bundle trained by the
+real trainer on the shared OCR data, loaded by the real app, asked for held-out words."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.bundle import StructuredOneShotStrategy
+from service.cache import InProcessCache
+from service.execution import ExtractorSource, run_session
+from service.http import create_app
+from service.registry import load_bundle
+from service.settings import Settings
+from training.bundles.ocr import profile_decode, profile_templates, write_ocr_bundle
+from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
+from training.structured.ocr_train import OcrTraining, train_ocr
+from training.structured.problem import ChainProblem
+
+DATA = Path(__file__).resolve().parents[2] / DEFAULT_DATA
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not DATA.is_file(),
+        reason="the shared OCR data is not beside this checkout (../shared/datasets/ocr-letters)",
+    ),
+]
+
+
+@dataclass
+class Trained:
+    folder: Path
+    data: OcrData
+    train: OcrTraining
+    words: list[int]
+    problem: ChainProblem
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    data = load_ocr(DATA)
+    costs = profile_templates(data, letters=100, repeats=1)
+    train = train_ocr(data, costs, chain_words=240, policy_words=150, max_iter=30, seed=1)
+    folder = tmp_path_factory.mktemp("bundles") / "ocr"
+    write_ocr_bundle(folder, data, DATA, train, costs, profile_decode(train, data, words=20))
+    words = train.test_words[:12]
+    problem = word_problem(train.chain, data, train.features, words, train.templates)
+    return Trained(folder, data, train, words, problem)
+
+
+@pytest.fixture
+def client(trained: Trained) -> Iterator[TestClient]:
+    app = create_app(Settings(models_dir=trained.folder.parent), cache=InProcessCache(1 << 24))
+    with TestClient(app) as c:
+        yield c
+
+
+def _letters(data: OcrData, word: int) -> list[list[list[int]]]:
+    return [letter.astype(int).tolist() for letter in data.letters[data.word(word)]]
+
+
+def _ask(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/predict", json={"model": "ocr", **body})
+    assert response.status_code == 200, response.text
+    out: dict[str, Any] = response.json()
+    return out
+
+
+def _hogs(extracted: list[str]) -> list[int]:
+    return [int(f.split("@")[1]) for f in extracted if f.startswith("hog@")]
+
+
+def test_one_shot_serves_the_trained_policys_templates_and_the_chains_word(
+    trained: Trained, client: TestClient
+) -> None:
+    manifest = load_bundle(trained.folder, 1 << 22).manifest
+    spec = manifest.strategy("structured-oneshot")
+    assert isinstance(spec, StructuredOneShotStrategy)
+    points = spec.points
+    richest = max(range(len(points)), key=lambda j: points[j].mean_cost)
+    policy = trained.train.one_shot[points[richest].column]
+    ts = trained.train.templates
+    for i, w in enumerate(trained.words):
+        body = _ask(
+            client,
+            {
+                "strategy": "structured-oneshot",
+                "budget": 5000,
+                "item": {"letters": _letters(trained.data, w)},
+            },
+        )
+        state = policy.state(trained.problem.policy_inputs(i), ts)
+        expected = np.flatnonzero(state[:, 1]).tolist()
+        assert sorted(_hogs(body["cost"]["extracted"])) == expected
+        decision = body["decision"]
+        assert [("hog" in letter["templates"]) for letter in decision["letters"]] == state[
+            :, 1
+        ].tolist()
+        word = "".join(chr(97 + y) for y in trained.problem.predict([i], [state])[0])
+        assert body["prediction"] == decision["word"] == word
+        assert decision["lam"] == points[richest].lam
+        assert all(0.0 < letter["confidence"] <= 1.0 for letter in decision["letters"])
+
+
+def test_anytime_acquires_in_the_trained_order(trained: Trained, client: TestClient) -> None:
+    policy = trained.train.anytime
+    ts = trained.train.templates
+    for i, w in enumerate(trained.words):
+        body = _ask(
+            client,
+            {
+                "strategy": "structured-anytime",
+                "budget": 5000,
+                "item": {"letters": _letters(trained.data, w)},
+            },
+        )
+        inputs = trained.problem.policy_inputs(i)
+        order = [p for p, _ in policy.order(inputs, ts.initial(len(inputs)))]
+        assert _hogs(body["cost"]["extracted"]) == order
+        assert body["decision"]["stopped_by"] == "policy"
+
+
+def test_the_model_describes_its_structured_strategies(client: TestClient) -> None:
+    body = client.get("/models/ocr").json()
+    kinds = {s["kind"] for s in body["strategies"]}
+    assert kinds == {"structured-oneshot", "structured-anytime"}
+    skyline = client.get("/models/ocr/skyline", params={"size": 5})
+    assert skyline.status_code == 200, skyline.text
+
+
+def test_cached_templates_are_free(trained: Trained, client: TestClient) -> None:
+    item = {"letters": _letters(trained.data, trained.words[0])}
+    first = _ask(client, {"strategy": "structured-anytime", "budget": 5000, "item": item})
+    second = _ask(client, {"strategy": "structured-anytime", "budget": 5000, "item": item})
+    assert set(second["cost"]["cached"]) == set(first["cost"]["extracted"])
+    assert second["cost"]["extracted"] == [] and second["cost"]["charged"] == {}
+    assert second["prediction"] == first["prediction"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "words"),
+    [
+        (lambda L: L.__setitem__(1, L[1][:15]), 422, ["letters[1]", "15 rows"]),
+        (lambda L: L[2][3].pop(), 422, ["letters[2]", "row 3", "7 values"]),
+        (lambda L: L[0][5].__setitem__(2, 2), 422, ["letters[0]", "row 5, column 2", "2"]),
+        (lambda L: L.__setitem__(1, "not base64!"), 422, ["letters[1]", "base64"]),
+        (lambda L: L.clear(), 422, ["empty"]),
+        (lambda L: L.extend(L * 5), 413, ["at most 14"]),
+    ],
+)
+def test_bad_words_get_a_4xx_naming_the_letter_and_the_problem(
+    trained: Trained, client: TestClient, mutate: Any, status: int, words: list[str]
+) -> None:
+    letters = _letters(trained.data, trained.words[1])
+    mutate(letters)
+    response = client.post(
+        "/predict", json={"model": "ocr", "budget": 50, "item": {"letters": letters}}
+    )
+    assert response.status_code == status, response.text
+    message = response.json()["error"]["message"]
+    for w in words:
+        assert w in message
+
+
+def test_a_png_letter_decodes_like_its_rows(trained: Trained, client: TestClient) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    letters = _letters(trained.data, trained.words[2])
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(letters[0], dtype=np.uint8) * 255).save(buf, format="PNG")
+    as_png: list[Any] = [base64.b64encode(buf.getvalue()).decode(), *letters[1:]]
+    rows = _ask(client, {"budget": 5000, "item": {"id": "a", "letters": letters}})
+    png = _ask(client, {"budget": 5000, "item": {"id": "b", "letters": as_png}})
+    assert rows["prediction"] == png["prediction"]
+
+
+class NoisyMeter:
+    """Charges each template its true cost: the manifest's prediction times a factor drawn
+    from [0.5, 2]; spent is the sum charged (no other time)."""
+
+    def __init__(self, predicted: dict[str, float], rng: np.random.Generator) -> None:
+        self.predicted = predicted
+        self.rng = rng
+        self.total = 0.0
+        self.errors: list[float] = []
+
+    def spent(self) -> float:
+        return self.total
+
+    def charge(self, feature: str, seconds: float) -> float:
+        true = self.predicted[feature] * float(self.rng.uniform(0.5, 2.0))
+        self.errors.append(true - self.predicted[feature])
+        self.total += true
+        return true
+
+
+def test_anytime_never_exceeds_the_budget_by_more_than_one_templates_misprediction(
+    trained: Trained,
+) -> None:
+    bundle = load_bundle(trained.folder, 1 << 22)
+    runtime = bundle.strategy("structured-anytime")
+    rng = np.random.default_rng(0)
+    checked = 0
+    for w in trained.words:
+        item = bundle.decoder.decode({"letters": _letters(trained.data, w)})
+        predicted = bundle.costs.profiled_at(item.size)
+        reserve = runtime.spec.decode_cost * item.size  # type: ignore[attr-defined]
+        for budget in np.linspace(0.0, 0.4 * item.size, 9):
+            meter = NoisyMeter(predicted, rng)
+            run = run_session(
+                runtime,
+                item.size,
+                budget + reserve,
+                {},
+                ExtractorSource(bundle.extractors, item.data),
+                meter,
+            )
+            over = meter.total - (budget + reserve)
+            worst = max([e for e in meter.errors if e > 0], default=0.0)
+            assert over <= worst + 1e-9
+            checked += len(run.acquired) > 0
+    assert checked > 0
