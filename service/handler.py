@@ -146,11 +146,14 @@ class PredictHandler:
         size: int | None,
         budget: float,
         strategy: str | None = None,
+        *,
+        version: str | None = None,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
-        """Answer one request; also returns the features to write back to the cache."""
+        """Answer one request (on ``version`` of ``model``, its newest if None); also
+        returns the features to write back to the cache."""
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
-        bundle = self.registry.get(model)
+        bundle = self.registry.get(model, version)
         runtime = bundle.strategy(strategy)
         measured = bundle.manifest.cost_basis == "measured"
         if measured and budget > self.limits.max_budget_ms:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,11 +14,13 @@ from fastapi.responses import PlainTextResponse
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
-from service.http import health, models, predict
+from service.http import admin, health, models, predict
 from service.http.errors import PREDICT_PATH, documented, install_handlers
 from service.http.middleware import BodyLimit
+from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
+from service.management import ModelManager
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import PredictResponse
@@ -52,6 +56,16 @@ ROUTES = (
         "/models/{name}/skyline",
         models.get_skyline,
         {"responses": documented(404, 422, 503)},
+    ),
+    Route("POST", "/models/reload", admin.reload_all, {"responses": documented(401, 403, 503)}),
+    Route(
+        "POST",
+        "/models/{name}/reload",
+        admin.reload_model,
+        {"responses": documented(401, 403, 404, 503)},
+    ),
+    Route(
+        "DELETE", "/models/{name}", admin.unload_model, {"responses": documented(401, 403, 404, 503)}
     ),
     Route("GET", "/healthz", health.healthz),
     Route(
@@ -94,10 +108,18 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await _start(state, registry, cache)
+        watcher = None
+        if state.manager is not None and settings.watch_interval_s > 0:
+            await state.manager.remember()
+            watcher = asyncio.create_task(state.manager.watch(settings.watch_interval_s))
         try:
             yield
         finally:
             state.ready = False
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             if state.cache is not None:
                 await state.cache.close()
 
@@ -112,24 +134,23 @@ def create_app(
         metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
     )
+    app.add_middleware(RequestLog)  # outermost: every response carries the request id
     return app
 
 
 async def _start(state: AppState, registry: Registry | None, cache: FeatureCache | None) -> None:
     """Load the bundles and connect the cache (or take the ones given), then serve."""
     settings, metrics = state.settings, state.metrics
+    calibration = CalibrationSettings(
+        enabled=settings.calibration,
+        window=settings.calibration_window,
+        min_samples=settings.calibration_min_samples,
+    )
     reg = (
         registry
         if registry is not None
         else load_registry(
-            settings.models_dir,
-            settings.max_pixels,
-            CalibrationSettings(
-                enabled=settings.calibration,
-                window=settings.calibration_window,
-                min_samples=settings.calibration_min_samples,
-            ),
-            settings.sensor_sources,
+            settings.models_dir, settings.max_pixels, calibration, settings.sensor_sources
         )
     )
     feature_cache = (
@@ -162,3 +183,16 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         ),
     )
     state.ready = bool(reg.bundles)
+
+    def changed() -> None:
+        metrics.models_loaded.set(len(reg.bundles))
+        state.ready = bool(reg.bundles)
+
+    state.manager = ModelManager(
+        reg,
+        settings.models_dir,
+        settings.max_pixels,
+        calibration,
+        settings.sensor_sources,
+        on_change=changed,
+    )
