@@ -18,10 +18,9 @@ import sys
 import tempfile
 import textwrap
 
+import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
-
-import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from service.http import create_app

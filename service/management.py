@@ -28,10 +28,10 @@ from service.registry import (
     CalibrationSettings,
     FolderLoad,
     Registry,
-    SensorSources,
     bundle_folders,
     load_folder,
 )
+from service.sources import SensorSources
 
 log = logging.getLogger("budgetserve.models")
 
@@ -91,9 +91,7 @@ class ModelManager:
         return self.registry.owners.get(name, name)
 
     async def _load(self, folder: str) -> FolderLoad:
-        self.seen[folder] = await anyio.to_thread.run_sync(
-            fingerprint, self.models_dir / folder
-        )
+        self.seen[folder] = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
         return await anyio.to_thread.run_sync(
             load_folder, self.models_dir, folder, self.max_pixels, self.calibration, self.sources
         )
@@ -104,9 +102,7 @@ class ModelManager:
         after = {n for n, f in self.registry.owners.items() if f == load.folder}
         for label, bundle in load.bundles:
             if self.registry.versions.get(bundle.name, {}).get(label) is bundle:
-                report.loaded.append(
-                    {"name": bundle.name, "version": label, "folder": load.folder}
-                )
+                report.loaded.append({"name": bundle.name, "version": label, "folder": load.folder})
         for failure in load.failures:
             report.failed.append(
                 {

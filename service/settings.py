@@ -16,7 +16,9 @@ class Settings(BaseSettings):
 
     models_dir: Path = Field(default=Path("models"), description="folder of bundles to load")
     host: str = Field(default="127.0.0.1", description="address `budgetserve-serve` binds")
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds")
+    port: int = Field(
+        default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds"
+    )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
     redis_url: str | None = Field(
         default=None,

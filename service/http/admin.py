@@ -28,9 +28,7 @@ def _manager(state: AppState, authorization: str | None) -> ModelManager:
     if token is None:
         raise errors.AdminDisabled()
     expected = f"Bearer {token.get_secret_value()}"
-    if authorization is None or not hmac.compare_digest(
-        authorization.encode(), expected.encode()
-    ):
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
         raise errors.AdminUnauthorized()
     if state.manager is None:
         raise errors.ServiceNotReady()
@@ -61,9 +59,7 @@ async def reload_all(state: State, authorization: AuthHeader = None) -> dict[str
     return _answer(state, await _manager(state, authorization).reload_all())
 
 
-async def reload_model(
-    name: str, state: State, authorization: AuthHeader = None
-) -> dict[str, Any]:
+async def reload_model(name: str, state: State, authorization: AuthHeader = None) -> dict[str, Any]:
     """Load the folder of ``name`` again (every version in it); also loads a new folder of
     that name."""
     manager = _manager(state, authorization)
@@ -73,9 +69,7 @@ async def reload_model(
     return _answer(state, report)
 
 
-async def unload_model(
-    name: str, state: State, authorization: AuthHeader = None
-) -> dict[str, Any]:
+async def unload_model(name: str, state: State, authorization: AuthHeader = None) -> dict[str, Any]:
     """Stop serving ``name`` (every version) in this worker, until its folder is loaded
     again; remove the folder to keep it out for good."""
     manager = _manager(state, authorization)

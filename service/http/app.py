@@ -65,7 +65,10 @@ ROUTES = (
         {"responses": documented(401, 403, 404, 503)},
     ),
     Route(
-        "DELETE", "/models/{name}", admin.unload_model, {"responses": documented(401, 403, 404, 503)}
+        "DELETE",
+        "/models/{name}",
+        admin.unload_model,
+        {"responses": documented(401, 403, 404, 503)},
     ),
     Route("GET", "/healthz", health.healthz),
     Route(

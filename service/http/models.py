@@ -38,7 +38,9 @@ def _versions(reg: Registry, name: str) -> dict[str, Any]:
     default one (the newest)."""
     versions = reg.versions.get(name) or {reg.bundles[name].manifest.version: reg.bundles[name]}
     return {
-        "versions": [{"version": v, "manifest_version": b.manifest.version} for v, b in versions.items()],
+        "versions": [
+            {"version": v, "manifest_version": b.manifest.version} for v, b in versions.items()
+        ],
         "default_version": next(reversed(versions)),
     }
 
