@@ -11,6 +11,7 @@ in later are loaded by ``POST /models/reload`` or folder watching, without a res
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
 from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
 from service.settings import Settings
+from service.tracing import MISSING_EXTRA
 
 log = logging.getLogger("budgetserve.serve")
 
@@ -69,6 +71,9 @@ def load_settings() -> Settings:
         settings = Settings()
     except ValidationError as exc:
         print(settings_error(exc), file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    if settings.tracing and importlib.util.find_spec("opentelemetry") is None:
+        print(f"budgetserve-serve: {MISSING_EXTRA}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
     folder = settings.models_dir
     if not folder.is_dir():

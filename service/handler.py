@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
+from service import tracing
 from service.cache import (
     CacheBypassed,
     CacheDeadline,
@@ -170,7 +171,8 @@ class PredictHandler:
         # infer loop timed inside the worker thread from the moment it starts.
         given = self._given(bundle, decoded)
         read_start = time.perf_counter()
-        cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
+        with tracing.span("cache.read"):
+            cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
 
@@ -329,9 +331,11 @@ class PredictHandler:
 
     def _observe_extraction(self, name: str, seconds: float) -> None:
         self.metrics.extraction.labels(extractor=name).observe(seconds)
+        tracing.extraction(name, seconds)
 
     def _observe_inference(self, bundle: str, seconds: float) -> None:
         self.metrics.inference.labels(model=bundle).observe(seconds)
+        tracing.record("inference", seconds, model=bundle)
 
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -97,16 +98,33 @@ ROUTES = (
 )
 
 
+# FastAPI >= 0.16x traces, measures and logs through OpenTelemetry by itself whenever the
+# process has a global provider; budgetserve's own tracing (BUDGETSERVE_TRACING) replaces
+# it, so that tracing is off unless asked for, and on without duplicate request spans.
+_NATIVE_TELEMETRY_OFF: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     registry: Registry | None = None,
     cache: FeatureCache | None = None,
+    tracer_provider: Any = None,
 ) -> FastAPI:
     """The budgetserve app. ``registry`` and ``cache`` replace the ones ``settings`` would
-    load and connect to (tests; embedding)."""
+    load and connect to (tests; embedding); ``tracer_provider`` (an OpenTelemetry one) the
+    provider ``BUDGETSERVE_TRACING`` would use (``service.tracing``)."""
     settings = settings or Settings()
     state = AppState(settings=settings, metrics=Metrics())
+    tracer, stop_tracing = None, None
+    if settings.tracing:  # imports OpenTelemetry only then
+        from service.tracing import make_tracer
+
+        tracer, stop_tracing = make_tracer(tracer_provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -123,10 +141,12 @@ def create_app(
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+            if stop_tracing is not None:
+                stop_tracing()
             if state.cache is not None:
                 await state.cache.close()
 
-    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan, **_NATIVE_TELEMETRY_OFF)
     app.state.core = state
     install_handlers(app)
     for route in ROUTES:
@@ -137,6 +157,10 @@ def create_app(
         metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
     )
+    if tracer is not None:
+        from service.tracing import TracingMiddleware
+
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     app.add_middleware(RequestLog)  # outermost: every response carries the request id
     return app
 
