@@ -5,7 +5,7 @@ Configuration is by ``BUDGETSERVE_*`` environment variables only (``--help`` lis
 A setting that does not validate, or a models folder that does not exist, ends the command
 with one line on stderr and exit status 2 before anything starts. A models folder with no
 bundle in it starts the server with a warning and ``/readyz`` unready (503): bundles copied
-in later are loaded by ``POST /models/reload`` or folder watching, without a restart.
+in later are loaded by ``POST /-/reload`` or folder watching, without a restart.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     if not bundle_folders(settings.models_dir):
         log.warning(
             "NO BUNDLES in %s: the server starts unready (/readyz answers 503) and serves "
-            "nothing until bundles are copied in and loaded (POST /models/reload, or "
+            "nothing until bundles are copied in and loaded (POST /-/reload, or "
             "BUDGETSERVE_WATCH_INTERVAL_S)",
             settings.models_dir.resolve(),
         )

@@ -135,7 +135,7 @@ class Settings(BaseSettings):
 
     admin_token: SecretStr | None = Field(
         default=None,
-        description="enables the model management endpoints (POST /models/reload, POST "
+        description="enables the model management endpoints (POST /-/reload, POST "
         "/models/{name}/reload, DELETE /models/{name}), which then require "
         "'Authorization: Bearer <token>'; unset: they answer 403",
     )

@@ -1,10 +1,11 @@
-"""Model management over HTTP: ``POST /models/reload``, ``POST /models/{name}/reload``,
-``DELETE /models/{name}``.
+"""Model management over HTTP: ``POST /-/reload`` (every folder, like Prometheus's
+``/-/reload``), ``POST /models/{name}/reload``, ``DELETE /models/{name}``.
 
-Disabled (403) unless ``BUDGETSERVE_ADMIN_TOKEN`` is set; then each call must send
-``Authorization: Bearer <token>`` (else 401). A call changes the worker process that
-receives it; with ``BUDGETSERVE_WORKERS`` > 1 the answer says so (``scope``) and folder
-watching (``BUDGETSERVE_WATCH_INTERVAL_S``) is what reloads every worker.
+Each call must send ``Authorization: Bearer <token>`` (else 401), the token being
+``BUDGETSERVE_ADMIN_TOKEN``; while that is unset, model management is disabled (403).
+A call changes the worker process that receives it; with ``BUDGETSERVE_WORKERS`` > 1 the
+answer says so (``scope``), and folder watching (``BUDGETSERVE_WATCH_INTERVAL_S``) is what
+reloads every worker.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import Depends, Header
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service import errors
 from service.http.state import AppState, app_state
@@ -23,12 +25,13 @@ from service.management import ModelManager, ReloadReport
 State = Annotated[AppState, Depends(app_state)]
 
 
-def _manager(state: AppState, authorization: str | None) -> ModelManager:
+def _manager(state: AppState, credentials: HTTPAuthorizationCredentials | None) -> ModelManager:
     token = state.settings.admin_token
+    if credentials is None:
+        raise errors.AdminUnauthorized(enabled=token is not None)
     if token is None:
         raise errors.AdminDisabled()
-    expected = f"Bearer {token.get_secret_value()}"
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+    if not hmac.compare_digest(credentials.credentials.encode(), token.get_secret_value().encode()):
         raise errors.AdminUnauthorized()
     if state.manager is None:
         raise errors.ServiceNotReady()
@@ -50,7 +53,17 @@ def _answer(state: AppState, report: ReloadReport) -> dict[str, Any]:
     return {**asdict(report), "scope": _scope(state)}
 
 
-AuthHeader = Annotated[str | None, Header(description="Bearer <BUDGETSERVE_ADMIN_TOKEN>")]
+# Documented as the OpenAPI security scheme of these routes; checked in _manager.
+AuthHeader = Annotated[
+    HTTPAuthorizationCredentials | None,
+    Depends(
+        HTTPBearer(
+            auto_error=False,
+            scheme_name="admin token",
+            description="Authorization: Bearer <BUDGETSERVE_ADMIN_TOKEN>",
+        )
+    ),
+]
 
 
 async def reload_all(state: State, authorization: AuthHeader = None) -> dict[str, Any]:

@@ -58,7 +58,7 @@ ROUTES = (
         models.get_skyline,
         {"responses": documented(404, 422, 503)},
     ),
-    Route("POST", "/models/reload", admin.reload_all, {"responses": documented(401, 403, 503)}),
+    Route("POST", "/-/reload", admin.reload_all, {"responses": documented(401, 403, 503)}),
     Route(
         "POST",
         "/models/{name}/reload",

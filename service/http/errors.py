@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from service import errors
 from service.http.schemas import ErrorResponse
@@ -163,6 +164,17 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     _count(request, "http_error")
     response = error_response(exc.status_code, "http_error", str(exc.detail))
     response.headers.update(exc.headers or {})  # 405's Allow, for one
+    if exc.status_code == 405:
+        # Starlette names the methods of the first route matching the path only; a path
+        # served by several routes (GET and DELETE /models/{name}) allows all of theirs.
+        allowed = {
+            method
+            for route in request.app.router.routes
+            if isinstance(route, BaseRoute) and route.matches(request.scope)[0] is not Match.NONE
+            for method in getattr(route, "methods", None) or ()
+        }
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
     return response
 
 

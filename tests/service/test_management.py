@@ -180,7 +180,7 @@ def test_a_bundle_that_fails_validation_leaves_the_old_one_serving(
         assert ready.status_code == 200 and ready.json()["failed"] == ["tiny"]
         # fixed on disk: the next reload serves it and clears the failure
         place(tiny_bundle_dir, models / "tiny", "fixed")
-        r = client.post("/models/reload", headers=AUTH)
+        r = client.post("/-/reload", headers=AUTH)
         assert r.json()["loaded"] == [{"name": "tiny", "version": "fixed", "folder": "tiny"}]
         assert predict(client)[1]["model_version"] == "fixed"
         assert client.get("/readyz").json()["failed"] == []
@@ -223,7 +223,7 @@ def test_unload_then_reload_and_new_folders(tiny_bundle_dir: Path, tmp_path: Pat
         assert client.post("/models/nothing/reload", headers=AUTH).status_code == 404
         # a folder removed: reloading everything unloads its bundle
         shutil.rmtree(models / "second")
-        assert client.post("/models/reload", headers=AUTH).json()["unloaded"] == ["second"]
+        assert client.post("/-/reload", headers=AUTH).json()["unloaded"] == ["second"]
         assert [m["name"] for m in client.get("/models").json()["models"]] == ["tiny"]
 
 
@@ -231,8 +231,10 @@ def test_admin_endpoints_need_the_token(tiny_bundle_dir: Path, tmp_path: Path) -
     models = tmp_path / "models"
     place(tiny_bundle_dir, models / "tiny", "v1")
     with client_for(models, admin_token=None) as client:
-        r = client.post("/models/reload", headers=AUTH)
+        r = client.post("/-/reload", headers=AUTH)
         assert r.status_code == 403 and "BUDGETSERVE_ADMIN_TOKEN" in r.json()["error"]["message"]
+        r = client.post("/-/reload")  # no credentials at all: 401, saying it is disabled
+        assert r.status_code == 401 and "disabled" in r.json()["error"]["message"]
     with client_for(models) as client:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             r = client.delete("/models/tiny", headers=headers)
@@ -246,7 +248,7 @@ def test_admin_answer_says_it_reloaded_one_worker_of_several(
     models = tmp_path / "models"
     place(tiny_bundle_dir, models / "tiny", "v1")
     with client_for(models, workers=3) as client:
-        scope = client.post("/models/reload", headers=AUTH).json()["scope"]
+        scope = client.post("/-/reload", headers=AUTH).json()["scope"]
         assert scope["workers"] == 3 and "BUDGETSERVE_WATCH_INTERVAL_S" in scope["note"]
 
 

@@ -129,7 +129,7 @@ def test_an_empty_folder_starts_unready_then_a_reload_serves(
         assert status == 503 and ready["models"] == []
         shutil.copytree(tiny_bundle_dir, models / "tiny")
         status, headers, report = post(
-            base + "/models/reload", None, Authorization="Bearer t0k", **{"x-request-id": "rl-1"}
+            base + "/-/reload", None, Authorization="Bearer t0k", **{"x-request-id": "rl-1"}
         )
         assert status == 200 and [e["name"] for e in report["loaded"]] == ["tiny"]
         assert headers["x-request-id"] == "rl-1"
