@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                 "service.__main__:worker_app",
                 factory=True,
                 log_config=None,
-                access_log=False,
+                access_log=settings.log_format == "text",
                 host=settings.host,
                 port=settings.port,
                 workers=settings.workers,
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         config = uvicorn.Config(
             create_app(settings),
             log_config=None,
-            access_log=False,
+            access_log=settings.log_format == "text",
             host=settings.host,
             port=settings.port,
             timeout_graceful_shutdown=30,

@@ -3,15 +3,17 @@
 :class:`RequestLog` (ASGI middleware, outermost) takes the request's ``x-request-id`` when it
 is a sensible id (1-128 visible ASCII characters), else makes one (32 hex digits); puts it
 in every response's ``x-request-id`` header, in :data:`request_id` (so every log record of
-the request carries it: :class:`RequestIdFilter`) and in ``request.state.request_id``; and
-when the response is sent, logs one line on ``budgetserve.request``: method, path, status,
-duration, and what the endpoint put in ``request.state.summary`` (``/predict``: model,
-version, strategy, budget, spent, cached, outcome). Probes (``/healthz``, ``/readyz``,
-``/metrics``) log at DEBUG, every other request at INFO.
+the request carries it: :class:`RequestIdFilter`, uvicorn's access line too) and in
+``request.state.request_id``; and when the response is sent, logs one line on
+``budgetserve.request``: client, method, path, status, duration, and what the endpoint put
+in ``request.state.summary`` (``/predict``: model, version, strategy, budget, spent, cached,
+outcome). Probes (``/healthz``, ``/readyz``, ``/metrics``) log at DEBUG, every other request
+at INFO.
 
 :func:`configure_logging`: the process's log format, ``text`` or ``json``
 (``BUDGETSERVE_LOG_FORMAT``); in ``json`` every record is one JSON object per line, with the
-fields of a request line at the top level.
+fields of a request line at the top level (``budgetserve-serve`` then turns uvicorn's access
+line off: the request line replaces it).
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ class RequestLog:
             await self.app(scope, receive, send_with_id)
         finally:
             path = scope.get("path", "")
+            client = scope.get("client")
             fields: dict[str, Any] = {
                 "request_id": rid,
+                "client": f"{client[0]}:{client[1]}" if client else None,
                 "method": scope.get("method"),
                 "path": path,
                 "status": status,
