@@ -355,20 +355,26 @@ class FolderLoad:
 
 def bundle_folders(models_dir: Path) -> list[str]:
     """Top-level folders of ``models_dir`` that hold a bundle (``manifest.json``) or versions
-    of one (subfolders with a ``manifest.json``), sorted."""
+    of one (subfolders with a ``manifest.json``), sorted. Hidden folders (``.name``) are left
+    out, at both levels: a bundle being written there (the builders stage into one) is
+    never loaded half-written."""
     if not models_dir.is_dir():
         return []
     return sorted(
         p.name
         for p in models_dir.iterdir()
-        if p.is_dir() and (os.path.lexists(p / MANIFEST_FILE) or _version_dirs(p))
+        if _visible_dir(p) and (os.path.lexists(p / MANIFEST_FILE) or _version_dirs(p))
     )
+
+
+def _visible_dir(path: Path) -> bool:
+    return not path.name.startswith(".") and path.is_dir()
 
 
 def _version_dirs(path: Path) -> list[Path]:
     try:
         return sorted(
-            p for p in path.iterdir() if p.is_dir() and os.path.lexists(p / MANIFEST_FILE)
+            p for p in path.iterdir() if _visible_dir(p) and os.path.lexists(p / MANIFEST_FILE)
         )
     except OSError:
         return []

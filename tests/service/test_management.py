@@ -267,8 +267,13 @@ def test_watching_loads_new_versions_and_keeps_old_on_failure(
     place(tiny_bundle_dir, models / "tiny" / "1", "one")
     with client_for(models, watch_interval_s=0.2, admin_token=None) as client:
         assert predict(client)[1]["model_version"] == "one"
+        place(tiny_bundle_dir, models / "tiny" / ".3", "hidden")  # being copied: not loaded
+        place(tiny_bundle_dir, models / ".staging", "hidden", name="staging")
         place(tiny_bundle_dir, models / "tiny" / "2", "two")
         wait_for(lambda: predict(client)[1].get("model_version") == "two")
+        listed = client.get("/models").json()["models"]
+        assert [m["name"] for m in listed] == ["tiny"]
+        assert [v["version"] for v in listed[0]["versions"]] == ["1", "2"]
         (models / "tiny" / "2" / "manifest.json").write_text("{}")
         wait_for(lambda: client.get("/models").json()["failed"] != [])
         assert predict(client)[1]["model_version"] == "two"  # the old version 2 serves on
