@@ -64,6 +64,11 @@ def fingerprint(folder: Path) -> Fingerprint:
     return tuple(sorted(entries))
 
 
+def snapshot(models_dir: Path) -> dict[str, Fingerprint]:
+    """The fingerprint of every bundle folder of ``models_dir``."""
+    return {folder: fingerprint(models_dir / folder) for folder in bundle_folders(models_dir)}
+
+
 class ModelManager:
     """Loads folders of ``models_dir`` into ``registry``; ``on_change`` runs after each
     change (the app updates readiness and metrics there). One change at a time."""
@@ -150,12 +155,10 @@ class ModelManager:
                 self.on_change()
         return found
 
-    async def remember(self) -> None:
-        """Record the fingerprints of the folders as loaded at start."""
-        for folder in await anyio.to_thread.run_sync(bundle_folders, self.models_dir):
-            self.seen[folder] = await anyio.to_thread.run_sync(
-                fingerprint, self.models_dir / folder
-            )
+    def remember(self, seen: dict[str, Fingerprint]) -> None:
+        """Take the fingerprints of the folders as they were before the registry was
+        loaded (:func:`snapshot`): a change made while it loaded is then seen."""
+        self.seen = dict(seen)
 
     async def watch(self, interval_s: float) -> None:
         """Every ``interval_s``, reload the folders whose files changed (forever)."""

@@ -21,7 +21,7 @@ from service.http.middleware import BodyLimit
 from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
-from service.management import ModelManager
+from service.management import ModelManager, snapshot
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import PredictResponse
@@ -131,7 +131,6 @@ def create_app(
         await _start(state, registry, cache)
         watcher = None
         if state.manager is not None and settings.watch_interval_s > 0:
-            await state.manager.remember()
             watcher = asyncio.create_task(state.manager.watch(settings.watch_interval_s))
         try:
             yield
@@ -173,6 +172,8 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         window=settings.calibration_window,
         min_samples=settings.calibration_min_samples,
     )
+    # Taken before loading, so that the watcher sees a change made while the bundles load.
+    seen = snapshot(settings.models_dir) if settings.watch_interval_s > 0 else {}
     reg = (
         registry
         if registry is not None
@@ -223,3 +224,4 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         settings.sensor_sources,
         on_change=changed,
     )
+    state.manager.remember(seen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -155,3 +156,72 @@ def test_an_empty_folder_starts_unready_then_a_reload_serves(
     assert any(
         r.get("request_id") == "rl-1" and r["logger"] == "budgetserve.registry" for r in records
     )
+
+
+def test_two_workers_both_pick_up_a_new_version_by_watching(
+    tiny_bundle_dir: Path, tmp_path: Path
+) -> None:
+    """BUDGETSERVE_WORKERS=2 with BUDGETSERVE_WATCH_INTERVAL_S: a version copied in is served
+    by every worker (requests on fresh connections, spread over both, all get it), while an
+    admin call answers that it changed one worker of two."""
+    models = tmp_path / "models"
+    (models / "tiny").mkdir(parents=True)
+    for label in ("1", "2"):
+        shutil.copytree(tiny_bundle_dir, models / "tiny" / f".{label}")
+        manifest = json.loads((models / "tiny" / f".{label}" / "manifest.json").read_text())
+        manifest["version"] = f"v{label}"
+        (models / "tiny" / f".{label}" / "manifest.json").write_text(json.dumps(manifest))
+    (models / "tiny" / ".1").rename(models / "tiny" / "1")
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [str(SERVE)],
+            env=env(
+                BUDGETSERVE_MODELS_DIR=str(models),
+                BUDGETSERVE_PORT=str(port),
+                BUDGETSERVE_WORKERS="2",
+                BUDGETSERVE_WATCH_INTERVAL_S="0.3",
+                BUDGETSERVE_ADMIN_TOKEN="t0k",
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    item = {"png_base64": png_b64(np.full((32, 32), 0.3, dtype=np.float32))}
+    body = {"model": "tiny", "item": item, "budget": 100}
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if get(base + "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(log_path.read_text())
+            time.sleep(0.2)
+        while log_path.read_text().count("Application startup complete") < 2:
+            assert time.monotonic() < deadline, log_path.read_text()  # both workers serve
+            time.sleep(0.2)
+        assert post(base + "/predict", body)[2]["model_version"] == "v1"
+        (models / "tiny" / ".2").rename(models / "tiny" / "2")  # the new version, at once
+        deadline = time.monotonic() + 60
+        versions: list[str] = []
+        while time.monotonic() < deadline:
+            versions = [post(base + "/predict", body)[2]["model_version"] for _ in range(20)]
+            if set(versions) == {"v2"}:
+                break
+            time.sleep(0.3)
+        assert set(versions) == {"v2"}, versions
+        status, _, report = post(base + "/-/reload", None, Authorization="Bearer t0k")
+        assert status == 200 and report["scope"]["workers"] == 2
+        assert "1 worker process of 2" in report["scope"]["note"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    text = log_path.read_text()
+    pids = set(re.findall(r"Started server process \[(\d+)\]", text))
+    assert len(pids) == 2, text[-3000:]
+    # each worker's watcher loaded version 2, then the admin call's worker once more
+    assert text.count("bundle tiny (tiny/2) loaded") == 3, text[-3000:]
