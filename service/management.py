@@ -120,10 +120,14 @@ class ModelManager:
         report.unloaded.extend(sorted(before - after))
 
     async def reload(self, name: str) -> ReloadReport:
-        """Load the folder serving ``name`` (or named ``name``) again."""
+        """Load the folder serving ``name`` (or named ``name``) again; a name that cannot be
+        a bundle folder's (hidden, or with a path separator) loads nothing."""
         report = ReloadReport()
+        folder = self.folder_of(name)
+        if folder.startswith(".") or "/" in folder or "\\" in folder:
+            return report
         async with self.lock:
-            self._install(await self._load(self.folder_of(name)), report)
+            self._install(await self._load(folder), report)
             self.on_change()
         return report
 

@@ -221,6 +221,8 @@ def test_unload_then_reload_and_new_folders(tiny_bundle_dir: Path, tmp_path: Pat
         r = client.post("/models/second/reload", headers=AUTH)
         assert r.json()["loaded"] == [{"name": "second", "version": "s1", "folder": "second"}]
         assert client.post("/models/nothing/reload", headers=AUTH).status_code == 404
+        for outside in ("..", ".hidden"):  # never a folder outside, or a hidden one
+            assert client.post(f"/models/{outside}/reload", headers=AUTH).status_code == 404
         # a folder removed: reloading everything unloads its bundle
         shutil.rmtree(models / "second")
         assert client.post("/-/reload", headers=AUTH).json()["unloaded"] == ["second"]
