@@ -63,13 +63,13 @@ ROUTES = (
         "POST",
         "/models/{name}/reload",
         admin.reload_model,
-        {"responses": documented(401, 403, 404, 503)},
+        {"responses": documented(401, 403, 404, 422, 503)},
     ),
     Route(
         "DELETE",
         "/models/{name}",
         admin.unload_model,
-        {"responses": documented(401, 403, 404, 503)},
+        {"responses": documented(401, 403, 404, 422, 503)},
     ),
     Route("GET", "/healthz", health.healthz),
     Route(
