@@ -1,27 +1,111 @@
 """``python -m service`` / ``budgetserve-serve``: run the API with uvicorn, on a listening
-socket made here for any number of workers (``service.server`` says why)."""
+socket made here for any number of workers (``service.server`` says why).
+
+Configuration is by ``BUDGETSERVE_*`` environment variables only (``--help`` lists them).
+A setting that does not validate, or a models folder that does not exist, ends the command
+with one line on stderr and exit status 2 before anything starts. A models folder with no
+bundle in it starts the server with a warning and ``/readyz`` unready (503): bundles copied
+in later are loaded by ``POST /-/reload`` or folder watching, without a restart.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import textwrap
 
 import uvicorn
+from fastapi import FastAPI
+from pydantic import ValidationError
 from uvicorn.config import STARTUP_FAILURE
 
 from service.http import create_app
+from service.http.requestlog import configure_logging
+from service.registry import bundle_folders
 from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
 from service.settings import Settings
+from service.tracing import MISSING_EXTRA
 
 log = logging.getLogger("budgetserve.serve")
 
+USAGE_ERROR = 2
 
-def main() -> None:
+
+def _parser() -> argparse.ArgumentParser:
+    lines = []
+    for name, info in Settings.model_fields.items():
+        env = f"BUDGETSERVE_{name.upper()}"
+        default = "(none)" if info.default is None else info.default
+        if info.default_factory is not None:
+            default = "{}"
+        text = f"{env} (default {default}): {info.description or ''}"
+        lines.append(textwrap.fill(text, 96, initial_indent="  ", subsequent_indent="      "))
+    return argparse.ArgumentParser(
+        prog="budgetserve-serve",
+        description="Serve the bundles of BUDGETSERVE_MODELS_DIR over HTTP (docs/operating.md). "
+        "Takes no arguments: every setting is an environment variable.",
+        epilog="settings:\n" + "\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line naming each setting that failed, the value found and what is required."""
+    problems = []
+    for err in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in err["loc"]) or "settings"
+        env = f"BUDGETSERVE_{field.upper()}" if err["loc"] else "settings"
+        found = f"={err['input']!r}" if err["loc"] and "input" in err else ""
+        problems.append(f"{env}{found}: {err['msg']}")
+    return "budgetserve-serve: invalid settings: " + "; ".join(problems)
+
+
+def load_settings() -> Settings:
+    """The settings, or exit 2 with one readable line (a bad setting, a missing folder)."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(settings_error(exc), file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    if settings.tracing and importlib.util.find_spec("opentelemetry") is None:
+        print(f"budgetserve-serve: {MISSING_EXTRA}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    folder = settings.models_dir
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        print(
+            f"budgetserve-serve: BUDGETSERVE_MODELS_DIR={str(folder)!r} {what} (resolved "
+            f"from {os.getcwd()!r}); point it at the folder of bundles (e.g. models/, with "
+            "one folder per bundle)",
+            file=sys.stderr,
+        )
+        sys.exit(USAGE_ERROR)
+    return settings
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process (uvicorn's factory with several workers)."""
     settings = Settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_format)
+    return create_app(settings)
+
+
+def main(argv: list[str] | None = None) -> None:
+    _parser().parse_args(argv)  # --help; anything else is a usage error
+    settings = load_settings()
+    configure_logging(settings.log_format)
+    if not bundle_folders(settings.models_dir):
+        log.warning(
+            "NO BUNDLES in %s: the server starts unready (/readyz answers 503) and serves "
+            "nothing until bundles are copied in and loaded (POST /-/reload, or "
+            "BUDGETSERVE_WATCH_INTERVAL_S)",
+            settings.models_dir.resolve(),
+        )
     sock = listening_socket(settings.host, settings.port)
     log.info(
         "listening on %s:%d (TCP_NODELAY), %d worker(s)",
@@ -38,8 +122,10 @@ def main() -> None:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
         try:
             config = uvicorn.Config(
-                "service.http:create_app",
+                "service.__main__:worker_app",
                 factory=True,
+                log_config=None,
+                access_log=settings.log_format == "text",
                 host=settings.host,
                 port=settings.port,
                 workers=settings.workers,
@@ -54,6 +140,8 @@ def main() -> None:
     else:
         config = uvicorn.Config(
             create_app(settings),
+            log_config=None,
+            access_log=settings.log_format == "text",
             host=settings.host,
             port=settings.port,
             timeout_graceful_shutdown=30,

@@ -150,3 +150,37 @@ class BundleError(Exception):
     def __init__(self, message: str, *, bundle: str | None = None) -> None:
         super().__init__(message)
         self.bundle = bundle
+
+
+class VersionNotFound(BudgetServeError):
+    code = "version_not_found"
+
+    def __init__(self, model: str, version: str, available: list[str]) -> None:
+        super().__init__(
+            f"model {model!r} has no version {version!r}; available: "
+            f"{', '.join(available) or 'none'} (omit 'version' for the newest)",
+            model=model,
+            version=version,
+            available=available,
+        )
+
+
+class AdminDisabled(BudgetServeError):
+    code = "admin_disabled"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "model management endpoints are disabled on this server; set "
+            "BUDGETSERVE_ADMIN_TOKEN and send it as 'Authorization: Bearer <token>'"
+        )
+
+
+class AdminUnauthorized(BudgetServeError):
+    code = "admin_unauthorized"
+
+    def __init__(self, enabled: bool = True) -> None:
+        super().__init__(
+            "missing or wrong admin token: send 'Authorization: Bearer <token>' with the "
+            "value of the server's BUDGETSERVE_ADMIN_TOKEN"
+            + ("" if enabled else " (unset on this server: model management is disabled)")
+        )

@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
+from service import tracing
 from service.cache import (
     CacheBypassed,
     CacheDeadline,
@@ -146,11 +147,14 @@ class PredictHandler:
         size: int | None,
         budget: float,
         strategy: str | None = None,
+        *,
+        version: str | None = None,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
-        """Answer one request; also returns the features to write back to the cache."""
+        """Answer one request (on ``version`` of ``model``, its newest if None); also
+        returns the features to write back to the cache."""
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
-        bundle = self.registry.get(model)
+        bundle = self.registry.get(model, version)
         runtime = bundle.strategy(strategy)
         measured = bundle.manifest.cost_basis == "measured"
         if measured and budget > self.limits.max_budget_ms:
@@ -167,7 +171,8 @@ class PredictHandler:
         # infer loop timed inside the worker thread from the moment it starts.
         given = self._given(bundle, decoded)
         read_start = time.perf_counter()
-        cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
+        with tracing.span("cache.read"):
+            cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
 
@@ -328,9 +333,11 @@ class PredictHandler:
 
     def _observe_extraction(self, name: str, seconds: float) -> None:
         self.metrics.extraction.labels(extractor=name).observe(seconds)
+        tracing.extraction(name, seconds)
 
     def _observe_inference(self, bundle: str, seconds: float) -> None:
         self.metrics.inference.labels(model=bundle).observe(seconds)
+        tracing.record("inference", seconds, model=bundle)
 
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics

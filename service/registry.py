@@ -22,7 +22,13 @@ import service.strategies  # noqa: F401  (registers the built-in strategy runtim
 from service.bundle import MANIFEST_FILE, Manifest, read_manifest
 from service.cache import extractor_tag
 from service.calibration import CostCalibrator
-from service.errors import BundleError, ModelNotFound, ModelNotReady, StrategyNotFound
+from service.errors import (
+    BundleError,
+    ModelNotFound,
+    ModelNotReady,
+    StrategyNotFound,
+    VersionNotFound,
+)
 from service.extractors.base import Extractor, available_extractors, create_extractor
 from service.inference import LoadedModel, load_models
 from service.items import ItemDecoder, make_decoder
@@ -71,9 +77,18 @@ class Failure:
 
 @dataclass
 class Registry:
+    """The bundles that serve, by name. ``bundles`` holds each name's default (newest)
+    version; ``versions`` every version of a name by its label (the version folder's name
+    in the ``models/<name>/<version>/`` layout, the manifest's version in the flat
+    ``models/<name>/`` one); ``owners`` the top-level folder of ``models_dir`` serving each
+    name. :meth:`install` swaps in one folder's freshly loaded bundles in one step (see
+    ``service.management``)."""
+
     bundles: dict[str, Bundle] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # name -> reason (for 503s)
     failures: list[Failure] = field(default_factory=list)
+    versions: dict[str, dict[str, Bundle]] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
 
     def fail(self, failure: Failure) -> None:
         """Record ``failure``; requests for its folder name or manifest name get 503 (unless
@@ -83,23 +98,81 @@ class Registry:
             if key not in self.bundles:
                 self.failed.setdefault(key, failure.reason)
 
-    def get(self, name: str) -> Bundle:
+    def get(self, name: str, version: str | None = None) -> Bundle:
         bundle = self.bundles.get(name)
-        if bundle is not None:
+        if bundle is None:
+            if name in self.failed:
+                raise ModelNotReady(name, self.failed[name])
+            raise ModelNotFound(name, sorted(self.bundles))
+        if version is None:
             return bundle
-        if name in self.failed:
-            raise ModelNotReady(name, self.failed[name])
-        raise ModelNotFound(name, sorted(self.bundles))
+        versions = self.versions.get(name) or {bundle.manifest.version: bundle}
+        found = versions.get(version)
+        if found is None:
+            raise VersionNotFound(name, version, sorted(versions, key=version_key))
+        return found
+
+    def install(self, load: FolderLoad) -> None:
+        """Serve what ``load`` loaded from its folder, in place of what that folder served.
+
+        A version that failed to load keeps serving its previous bundle, if it had one; a
+        name another folder already serves is refused (a failure). The dictionaries are
+        replaced entry by entry on the caller's thread: a request that already holds a
+        bundle finishes on it, the next one gets the new."""
+        previous = [n for n, f in self.owners.items() if f == load.folder]
+        new: dict[str, dict[str, Bundle]] = {}
+        failures = list(load.failures)
+        for label, bundle in load.bundles:
+            owner = self.owners.get(bundle.name)
+            if owner is not None and owner != load.folder:
+                failures.append(
+                    Failure(
+                        load.folder,
+                        load.folder,
+                        f"duplicate bundle name {bundle.name!r}: folder {owner!r} already "
+                        "serves it",
+                    )
+                )
+                continue
+            new.setdefault(bundle.name, {})[label] = bundle
+        for name in previous:  # versions that failed now: the old bundle keeps serving
+            for label, bundle in self.versions.get(name, {}).items():
+                if "*" in load.failed_labels or label in load.failed_labels:
+                    new.setdefault(name, {}).setdefault(label, bundle)
+        for name, versions in new.items():
+            ordered = dict(sorted(versions.items(), key=lambda kv: version_key(kv[0])))
+            self.versions[name] = ordered
+            self.bundles[name] = ordered[next(reversed(ordered))]
+            self.owners[name] = load.folder
+        for name in previous:
+            if name not in new:
+                self.unload(name)
+        kept = [f for f in self.failures if _top(f.folder) != load.folder]
+        self.failures, self.failed = [], {}
+        for failure in [*kept, *failures]:
+            self.fail(failure)
+
+    def unload(self, name: str) -> bool:
+        """Stop serving ``name`` (every version); False if it was not loaded."""
+        found = self.bundles.pop(name, None) is not None
+        self.versions.pop(name, None)
+        self.owners.pop(name, None)
+        return found
 
 
-def find_bundles(models_dir: Path) -> list[Path]:
-    """Folders of ``models_dir`` holding a ``manifest.json`` entry, sorted by name: a file,
-    or anything else by that name (a directory, a dangling link), which then fails to load
-    with a reason instead of being skipped silently."""
-    if not models_dir.is_dir():
-        return []
-    return sorted(
-        p for p in models_dir.iterdir() if p.is_dir() and os.path.lexists(p / MANIFEST_FILE)
+def _top(folder: str) -> str:
+    """The top-level folder of a failure's ``folder`` (``name/version`` → ``name``)."""
+    return folder.split("/", 1)[0]
+
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def version_key(label: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key of version labels: digit runs compare as numbers (``2`` < ``10``,
+    ``1.9`` < ``1.10``), the rest as text; the largest is the newest."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in _NUMBER.split(label) if part
     )
 
 
@@ -270,6 +343,87 @@ def public_reason(reason: str, folder: Path, models_dir: Path) -> str:
     return _ABSOLUTE_PATH.sub(lambda m: f"…/{m.group(1)}", reason)
 
 
+@dataclass
+class FolderLoad:
+    """What loading one top-level folder of ``models_dir`` gave: ``bundles`` as (version
+    label, bundle), the failures, and the labels of the versions that failed (for which
+    :meth:`Registry.install` keeps a previous bundle)."""
+
+    folder: str
+    bundles: list[tuple[str, Bundle]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    failed_labels: set[str] = field(default_factory=set)
+
+
+def bundle_folders(models_dir: Path) -> list[str]:
+    """Top-level folders of ``models_dir`` that hold a bundle (``manifest.json``) or versions
+    of one (subfolders with a ``manifest.json``), sorted. Hidden folders (``.name``) are left
+    out, at both levels: a bundle being written there (the builders stage into one) is
+    never loaded half-written."""
+    if not models_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in models_dir.iterdir()
+        if _visible_dir(p) and (os.path.lexists(p / MANIFEST_FILE) or _version_dirs(p))
+    )
+
+
+def _visible_dir(path: Path) -> bool:
+    return not path.name.startswith(".") and path.is_dir()
+
+
+def _version_dirs(path: Path) -> list[Path]:
+    try:
+        return sorted(
+            p for p in path.iterdir() if _visible_dir(p) and os.path.lexists(p / MANIFEST_FILE)
+        )
+    except OSError:
+        return []
+
+
+def load_folder(
+    models_dir: Path,
+    folder: str,
+    max_pixels: int,
+    calibration: CalibrationSettings | None = None,
+    sources: SensorSources | None = None,
+) -> FolderLoad:
+    """Load ``models_dir/folder``: one bundle (flat layout, labelled by its manifest's
+    version) or every ``<version>/`` subfolder of it (each labelled by its folder name and
+    required to be named ``folder``). Never raises for a bad bundle: it is a failure."""
+    path = models_dir / folder
+    result = FolderLoad(folder)
+    flat = os.path.lexists(path / MANIFEST_FILE)
+    targets = [(None, path)] if flat else [(p.name, p) for p in _version_dirs(path)]
+    for label, target in targets:
+        where = folder if label is None else f"{folder}/{label}"
+        try:
+            bundle = load_bundle(target, max_pixels, calibration, sources)
+            if label is not None and bundle.name != folder:
+                raise BundleError(
+                    f"version folder {where!r} holds bundle {bundle.name!r}; the versions in "
+                    f"{folder!r} must be named {folder!r} (rename the folder or the bundle)",
+                    bundle=folder,
+                )
+        except Exception as exc:  # a bundle must never take the others down with it
+            if isinstance(exc, BundleError):
+                log.error("bundle folder %s not loaded: %s", target, exc)
+                reason = str(exc)
+            else:
+                log.exception("bundle folder %s not loaded", target)
+                reason = f"{type(exc).__name__}: {exc}"
+            name = getattr(exc, "bundle", None) or folder
+            result.failures.append(Failure(where, name, public_reason(reason, target, models_dir)))
+            result.failed_labels.add(label if label is not None else "")
+            continue
+        result.bundles.append((bundle.manifest.version if label is None else label, bundle))
+        log.info("bundle %s (%s) loaded (%d models)", bundle.name, where, len(bundle.models))
+    if flat and result.failed_labels:
+        result.failed_labels = {"*"}  # the flat folder's one bundle, whatever its version
+    return result
+
+
 def load_registry(
     models_dir: Path,
     max_pixels: int,
@@ -277,32 +431,8 @@ def load_registry(
     sources: SensorSources | None = None,
 ) -> Registry:
     registry = Registry()
-    for path in find_bundles(models_dir):
-        try:
-            bundle = load_bundle(path, max_pixels, calibration, sources)
-        except Exception as exc:  # a bundle must never take the others down with it
-            if isinstance(exc, BundleError):
-                log.error("bundle folder %s not loaded: %s", path, exc)
-                reason = str(exc)
-            else:
-                log.exception("bundle folder %s not loaded", path)
-                reason = f"{type(exc).__name__}: {exc}"
-            name = getattr(exc, "bundle", None) or path.name
-            registry.fail(Failure(path.name, name, public_reason(reason, path, models_dir)))
-            continue
-        if bundle.name in registry.bundles:
-            first = registry.bundles[bundle.name].path.name
-            registry.fail(
-                Failure(
-                    path.name,
-                    path.name,
-                    f"duplicate bundle name {bundle.name!r}: folder {first!r} already serves it",
-                )
-            )
-            continue
-        registry.bundles[bundle.name] = bundle
-        registry.failed.pop(bundle.name, None)
-        log.info("bundle %s loaded (%d models)", bundle.name, len(bundle.models))
+    for folder in bundle_folders(models_dir):
+        registry.install(load_folder(models_dir, folder, max_pixels, calibration, sources))
     for name in sorted(set(sources or {}) - set(registry.bundles) - set(registry.failed)):
         log.warning("BUDGETSERVE_SENSOR_SOURCES names bundle %r, which is not loaded", name)
     return registry

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.sources import SensorSources
@@ -15,7 +16,9 @@ class Settings(BaseSettings):
 
     models_dir: Path = Field(default=Path("models"), description="folder of bundles to load")
     host: str = Field(default="127.0.0.1", description="address `budgetserve-serve` binds")
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(
+        default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds"
+    )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
     redis_url: str | None = Field(
         default=None,
@@ -128,4 +131,28 @@ class Settings(BaseSettings):
         ge=0,
         description="part of each budget kept for planning, cache and inference; features are "
         "planned within budget minus this reserve",
+    )
+
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="enables the model management endpoints (POST /-/reload, POST "
+        "/models/{name}/reload, DELETE /models/{name}), which then require "
+        "'Authorization: Bearer <token>'; unset: they answer 403",
+    )
+    watch_interval_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="every this many seconds, each worker reloads the bundle folders whose "
+        "files changed (0: off); the way to reload every worker when there are several",
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="'json': one JSON object per log line, and one line per request with its "
+        "request id, model, strategy, budget, spent, cached features and status",
+    )
+    tracing: bool = Field(
+        default=False,
+        description="OpenTelemetry spans per request (cache read, each extraction, "
+        "inference); needs the 'otel' extra; configure the exporter with the standard "
+        "OTEL_* variables (docs/operating.md#tracing)",
     )

@@ -8,17 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
+from service.bundle import CostPolynomial
 from training.executor import Executor, ExecutorKind
+from training.progress import StageProgress
+from training.tables import Column, TableFormat, emit
 
 if TYPE_CHECKING:
     from training.data.tabular import TabularSpec
@@ -28,6 +23,25 @@ R = TypeVar("R")
 
 app = typer.Typer(add_completion=False, help="Train and inspect budget-aware bundles.")
 console = Console()
+err_console = Console(stderr=True)
+FormatOption = Annotated[
+    TableFormat,
+    typer.Option(
+        "--format", help="table (never cut when piped), csv, json (raw numbers) or markdown"
+    ),
+]
+
+# What the progress display calls each stage: the builders' stage keys, and the functions
+# the sweeps map over an executor (training.progress).
+STAGES = {
+    "extract": "extracting features",
+    "expand": "expanding lattice",
+    "profile": "profiling extractors",
+    "evaluate": "evaluating",
+    "_score_point": "sweeping cost trade-offs",
+    "_fit_bank_member": "fitting the classifier bank",
+    "_fit_task": "fitting gating configurations",
+}
 
 # Where a command's parallel training tasks run (docs/distributed-training.md): declare
 # `executor: ExecutorOption = ExecutorKind.LOCAL, address: AddressOption = None,
@@ -74,24 +88,103 @@ def _sides(text: str) -> tuple[int, ...]:
     return values
 
 
+def _cost_rows(
+    costs: dict[str, CostPolynomial],
+    quantile: float,
+    before: dict[str, CostPolynomial] | None = None,
+    title: str = "cost model",
+) -> tuple[list[Column], list[dict[str, Any]], str]:
+    """Each curve's coefficients with their units (power basis in n = pixels), its value at
+    a few sides, and (``before``) the value at 128 px of the curve it replaces."""
+    degree = max((len(c.coefficients) for c in costs.values()), default=1)
+    units = ["ms", "ms/px", "ms/px²", "ms/px³"]
+    terms = ["c0", "c1·n", *(f"c{i}·n^{i}" for i in range(2, degree))]
+    number = "{:.3g}".format
+    columns = [
+        Column("extractor", "extractor"),
+        *(
+            Column(f"c{i} ({units[i] if i < len(units) else f'ms/px^{i}'})", f"c{i}", number)
+            for i in range(degree)
+        ),
+        *(Column(f"c({s}²) ms", f"ms_at_{s}px", number) for s in (32, 128, 256)),
+        *([Column("c(128²) before, ms", "ms_at_128px_before", number)] if before else []),
+        Column("fit error", "fit_error", lambda v: "-" if v is None else f"{v:.3f}"),
+    ]
+    rows = []
+    for name, cost in costs.items():
+        coefficients = [*cost.coefficients, *([0.0] * (degree - len(cost.coefficients)))]
+        row: dict[str, Any] = {"extractor": name, "fit_error": cost.fit_error}
+        row.update({f"c{i}": c for i, c in enumerate(coefficients)})
+        row.update({f"ms_at_{s}px": cost(s * s) for s in (32, 128, 256)})
+        if before:
+            row["ms_at_128px_before"] = before[name](128 * 128)
+        rows.append(row)
+    title = (
+        f"{title}: c(n) = {' + '.join(terms[:degree])}, n = image pixels (side²), "
+        f"{quantile:.0%} quantile of the measured times"
+    )
+    return columns, rows, title
+
+
 @app.command()
 def profile(
-    sides: Annotated[str, typer.Option(help="image sides to time")] = "16,32,64,128,256",
+    sides: Annotated[
+        str | None,
+        typer.Option(
+            help="image sides to time (default 16,32,64,128,256; with --into: the sides the "
+            "bundle was profiled at)"
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=3)] = 31,
     quantile: Annotated[float, typer.Option(min=0.5, max=1.0)] = 0.95,
+    into: Annotated[
+        Path | None,
+        typer.Option(
+            "--into",
+            help="bundle folder: profile its extractors here and rewrite its cost curves "
+            "(atomically; the bundle is loaded afterwards to check it)",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    fmt: FormatOption = TableFormat.TABLE,
 ) -> None:
-    """Time every built-in extractor and print the fitted cost polynomials."""
+    """Time the extractors on this machine and print the fitted cost curves, with their
+    basis and units; ``--into BUNDLE`` also writes them into a bundle (re-profiling on
+    the serving machine)."""
     from training.bundles.digits import make_extractors, profile_costs
 
-    costs = profile_costs(make_extractors(), _sides(sides), repeats, quantile, progress=True)
-    table = Table("extractor", "c(n) coefficients [ms]", "fit error", title="cost model")
-    for name, cost in costs.items():
-        table.add_row(
-            name,
-            ", ".join(f"{c:.3g}" for c in cost.coefficients),
-            f"{cost.fit_error:.3f}" if cost.fit_error is not None else "-",
-        )
-    console.print(table)
+    labels = {"profile": "profiling extractors"}
+    if into is None:
+        with StageProgress(labels=labels) as bar:
+            costs = profile_costs(
+                make_extractors(),
+                _sides(sides or "16,32,64,128,256"),
+                repeats,
+                quantile,
+                progress=bar.update,
+            )
+        columns, rows, title = _cost_rows(costs, quantile)
+        emit(console, columns, rows, fmt, title)
+        return
+    from training.reprofile import reprofile_bundle
+
+    try:
+        with StageProgress(labels=labels) as bar:
+            done = reprofile_bundle(
+                into, _sides(sides) if sides else None, repeats, quantile, progress=bar.update
+            )
+    except (ValueError, LookupError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--into") from None
+    columns, rows, title = _cost_rows(
+        done.after, quantile, before=done.before, title=f"{done.manifest.name} cost model"
+    )
+    emit(console, columns, rows, fmt, title)
+    err_console.print(
+        f"[bold]{done.manifest.name}[/] {done.manifest.version}: cost curves of "
+        f"{len(done.after)} extractors rewritten in {into / 'manifest.json'} "
+        f"(sides {','.join(map(str, done.sides))}); the bundle loads"
+    )
 
 
 @app.command()
@@ -125,25 +218,10 @@ def build(
         profile_repeats=repeats,
         seed=seed,
     )
-    with (
-        workers,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as bar,
-    ):
-        tasks: dict[str, TaskID] = {}
-
-        def report(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                label = {"extract": "extracting features", "expand": "expanding lattice"}
-                tasks[stage] = bar.add_task(label.get(stage, stage), total=total)
-            bar.update(tasks[stage], completed=done)
-
-        result = build_bundle(out, config, progress=report, profile_progress=True, executor=workers)
+    with workers, StageProgress(labels=STAGES) as bar:
+        result = build_bundle(
+            out, config, progress=bar.update, profile_progress=bar.update, executor=workers
+        )
     stats = result.manifest.polydom().stats
     console.print(
         f"[bold]{result.manifest.name}[/] {result.manifest.version} written to {out}: "
@@ -180,18 +258,26 @@ def _evaluate(bundle: Path, sides: str, budgets: str, strategies: str, count: in
     names = _strategies(strategies, [s.name for s in loaded.manifest.strategies])
     side_values, budget_values = _sides(sides), _budgets(budgets)
     points = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("evaluating", total=len(side_values) * len(budget_values) * len(names))
+    total = len(side_values) * len(budget_values) * len(names)
+    with StageProgress(labels=STAGES) as bar:
+        bar.update("evaluate", 0, total)
         for p in evaluate_bundle(loaded, side_values, budget_values, strategies=names, count=count):
             points.append(p)
-            bar.advance(task)
+            bar.update("evaluate", len(points), total)
     return points
+
+
+EVALUATE_COLUMNS = (
+    Column("side", "side"),
+    Column("budget ms", "budget_ms", lambda v: f"{v:g}"),
+    Column("strategy", "strategy"),
+    Column("accuracy", "accuracy", lambda v: f"{v:.3f}"),
+    Column("expected", "expected_accuracy", lambda v: f"{v:.3f}"),
+    Column("mean spent", "mean_spent_ms", lambda v: f"{v:.2f}"),
+    Column("p95 spent", "p95_spent_ms", lambda v: f"{v:.2f}"),
+    Column("over budget", "overrun_rate", lambda v: f"{v:.1%}"),
+    Column("items", "n"),
+)
 
 
 @app.command()
@@ -201,33 +287,26 @@ def evaluate(
     budgets: Annotated[str, typer.Option(help="budgets in ms")] = "0.6,1,2,5,20",
     strategies: Annotated[str, typer.Option(help="comma-separated, or 'all'")] = "all",
     count: Annotated[int, typer.Option(min=10)] = 200,
+    fmt: FormatOption = TableFormat.TABLE,
 ) -> None:
     """Accuracy, spent cost and overrun rate at (size, budget) points, on held-out digits,
     through the serving code path (live calibration off: the bundle's own cost model)."""
     points = _evaluate(bundle, sides, budgets, strategies, count)
-    table = Table(
-        "side",
-        "budget ms",
-        "strategy",
-        "accuracy",
-        "expected",
-        "mean spent",
-        "p95 spent",
-        "over budget",
-        title=f"{bundle.name} on {count} held-out digits",
-    )
-    for p in points:
-        table.add_row(
-            str(p.side),
-            f"{p.budget:g}",
-            p.strategy,
-            f"{p.accuracy:.3f}",
-            f"{p.expected_accuracy:.3f}",
-            f"{p.mean_spent:.2f}",
-            f"{p.p95_spent:.2f}",
-            f"{p.overrun_rate:.1%}",
-        )
-    console.print(table)
+    rows = [
+        {
+            "side": p.side,
+            "budget_ms": p.budget,
+            "strategy": p.strategy,
+            "accuracy": p.accuracy,
+            "expected_accuracy": p.expected_accuracy,
+            "mean_spent_ms": p.mean_spent,
+            "p95_spent_ms": p.p95_spent,
+            "overrun_rate": p.overrun_rate,
+            "n": p.n,
+        }
+        for p in points
+    ]
+    emit(console, EVALUATE_COLUMNS, rows, fmt, f"{bundle.name} on {count} held-out digits")
 
 
 @app.command()
@@ -297,7 +376,9 @@ def _build_tabular(
         raise typer.BadParameter(str(exc)) from None
     target = out or Path("models") / spec.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    with workers, console.status(f"{status(spec, len(y))} ({workers.describe()})"):
+    console.print(f"{status(spec, len(y))} ({workers.describe()})", highlight=False)
+    with workers, StageProgress(labels=STAGES) as bar:
+        workers.progress = bar.executor_hook
         try:
             result = build(target, spec, x, y, columns, executor=workers)
         except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 R = TypeVar("R")
 _Self = TypeVar("_Self", bound="Executor")
+ProgressHook = Callable[[str, int, int], None]
 
 
 class ExecutorKind(enum.StrEnum):
@@ -46,12 +47,37 @@ class Executor:
     (leaving it releases workers and shuts down what the executor started)."""
 
     kind: str = "inline"
+    #: Called as ``progress(fn.__name__, done, total)`` when a ``map`` call starts (done 0)
+    #: and as its items complete (the CLI's progress display sets it).
+    progress: ProgressHook | None = None
 
     def map(
         self, fn: Callable[..., R], items: Iterable[Any], *, shared: Sequence[Any] = ()
     ) -> list[R]:
         """``[fn(*shared, item) for item in items]``, computed wherever this executor runs."""
-        return [fn(*shared, item) for item in items]
+        todo = list(items)
+        tick = self._ticker(fn, len(todo))
+        out = []
+        for item in todo:
+            out.append(fn(*shared, item))
+            tick()
+        return out
+
+    def _ticker(self, fn: Callable[..., Any], total: int) -> Callable[[], None]:
+        """Report the start of a ``map`` of ``total`` items; the result reports one done."""
+        hook = self.progress
+        if hook is None:
+            return lambda: None
+        name = getattr(fn, "__name__", "tasks")
+        hook(name, 0, total)
+        done = 0
+
+        def tick() -> None:
+            nonlocal done
+            done += 1
+            hook(name, done, total)
+
+        return tick
 
     def close(self) -> None:
         return None
@@ -118,12 +144,17 @@ class LocalExecutor(Executor):
         from joblib import Parallel, delayed
 
         if self._parallel is None:  # one worker pool for the executor's lifetime
-            self._parallel = Parallel(n_jobs=self.n_jobs)
+            self._parallel = Parallel(n_jobs=self.n_jobs, return_as="generator")
             self._parallel.__enter__()
             self._limits = thread_limits()
-        return list(
-            self._parallel(delayed(run_limited)(self._limits, fn, *shared, item) for item in todo)
-        )
+        tick = self._ticker(fn, len(todo))
+        out = []
+        for result in self._parallel(
+            delayed(run_limited)(self._limits, fn, *shared, item) for item in todo
+        ):
+            out.append(result)
+            tick()
+        return out
 
     def close(self) -> None:
         if self._parallel is not None:
@@ -208,7 +239,14 @@ class RayExecutor(Executor):
             self._task = ray.remote(run_limited)
             self._limits = thread_limits()
         refs = [self._put(value) for value in shared]
-        return list(ray.get([self._task.remote(self._limits, fn, *refs, item) for item in todo]))
+        tasks = [self._task.remote(self._limits, fn, *refs, item) for item in todo]
+        tick = self._ticker(fn, len(todo))
+        pending = list(tasks)
+        while pending:  # count completions as they come, then collect in order
+            ready, pending = ray.wait(pending, num_returns=1)
+            for _ in ready:
+                tick()
+        return list(ray.get(tasks))
 
     def close(self) -> None:
         import ray

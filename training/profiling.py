@@ -62,7 +62,7 @@ def profile_extractors(
     sides: Sequence[int],
     repeats: int = 5,
     rng: np.random.Generator | int | None = 0,
-    progress: bool = False,
+    progress: bool | Callable[[str, int, int], None] = False,
     *,
     warmup: int = 2,
     interleave: bool = False,
@@ -76,7 +76,8 @@ def profile_extractors(
     repeats run back to back (steady-state cost, the cleanest curves); ``interleave``
     runs the extractors round-robin instead, so each call finds caches disturbed by the
     others (closer to a request that computes several features, but noisier).
-    ``progress`` shows a ``rich`` progress bar.
+    ``progress``: True shows a ``rich`` progress bar; a callable is called as
+    ``progress("profile", done, total)`` instead (e.g. ``StageProgress.update``).
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
@@ -87,23 +88,35 @@ def profile_extractors(
 
     bar: Any = None
     task: Any = None
-    if progress:
+    report = progress if callable(progress) else None
+    done = 0
+    if progress is True:
         from rich.progress import Progress
 
         bar = Progress(transient=False)
         bar.start()
         task = bar.add_task("profiling extractors", total=total)
+    elif report is not None:
+        report("profile", 0, total)
 
     def warm(name: str, extractor: Extractor, image: npt.NDArray[np.float32]) -> None:
+        nonlocal done
         for _ in range(warmup):
             extractor.extract(image)
+        done += warmup
         if bar is not None:
             bar.update(task, advance=warmup, description=f"{name} @ {image.shape[0]}px")
+        elif report is not None:
+            report("profile", done, total)
 
     def record(name: str, extractor: Extractor, image: npt.NDArray[np.float32], n: int) -> None:
+        nonlocal done
         timings[name].setdefault(n, []).append(_time_ms(extractor, image))
+        done += 1
         if bar is not None:
             bar.update(task, advance=1)
+        elif report is not None:
+            report("profile", done, total)
 
     was_enabled = gc.isenabled()
     try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,12 +15,14 @@ from fastapi.responses import PlainTextResponse
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
-from service.http import health, models, predict, v2
+from service.http import admin, health, models, predict, v2
 from service.http.docs import install_docs
 from service.http.errors import PREDICT_PATH, documented, install_handlers
 from service.http.middleware import BodyLimit
+from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
+from service.management import ModelManager, snapshot
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import BatchPredictResponse, PredictResponse
@@ -57,6 +62,19 @@ ROUTES: tuple[Route, ...] = (
         models.get_skyline,
         {"responses": documented(404, 422, 503)},
     ),
+    Route("POST", "/-/reload", admin.reload_all, {"responses": documented(401, 403, 503)}),
+    Route(
+        "POST",
+        "/models/{name}/reload",
+        admin.reload_model,
+        {"responses": documented(401, 403, 404, 422, 503)},
+    ),
+    Route(
+        "DELETE",
+        "/models/{name}",
+        admin.unload_model,
+        {"responses": documented(401, 403, 404, 422, 503)},
+    ),
     Route("GET", "/healthz", health.healthz),
     Route(
         "GET",
@@ -89,28 +107,60 @@ ROUTES += tuple(
 )
 
 
+# FastAPI >= 0.16x traces, measures and logs through OpenTelemetry by itself whenever the
+# process has a global provider; budgetserve's own tracing (BUDGETSERVE_TRACING) replaces
+# it, so that tracing is off unless asked for, and on without duplicate request spans.
+_NATIVE_TELEMETRY_OFF: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     registry: Registry | None = None,
     cache: FeatureCache | None = None,
+    tracer_provider: Any = None,
 ) -> FastAPI:
     """The budgetserve app. ``registry`` and ``cache`` replace the ones ``settings`` would
-    load and connect to (tests; embedding)."""
+    load and connect to (tests; embedding); ``tracer_provider`` (an OpenTelemetry one) the
+    provider ``BUDGETSERVE_TRACING`` would use (``service.tracing``)."""
     settings = settings or Settings()
     state = AppState(settings=settings, metrics=Metrics())
+    tracer, stop_tracing = None, None
+    if settings.tracing:  # imports OpenTelemetry only then
+        from service.tracing import make_tracer
+
+        tracer, stop_tracing = make_tracer(tracer_provider)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await _start(state, registry, cache)
+        watcher = None
+        if state.manager is not None and settings.watch_interval_s > 0:
+            watcher = asyncio.create_task(state.manager.watch(settings.watch_interval_s))
         try:
             yield
         finally:
             state.ready = False
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            if stop_tracing is not None:
+                stop_tracing()
             if state.cache is not None:
                 await state.cache.close()
 
-    app = FastAPI(title="budgetserve", version="0.1.0", lifespan=lifespan, docs_url=None)
+    app = FastAPI(
+        title="budgetserve",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        **_NATIVE_TELEMETRY_OFF,
+    )
     app.state.core = state
     install_docs(app)  # Swagger UI at /docs, from packaged files (service.http.docs)
     install_handlers(app)
@@ -122,24 +172,29 @@ def create_app(
         metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
     )
+    if tracer is not None:
+        from service.tracing import TracingMiddleware
+
+        app.add_middleware(TracingMiddleware, tracer=tracer)
+    app.add_middleware(RequestLog)  # outermost: every response carries the request id
     return app
 
 
 async def _start(state: AppState, registry: Registry | None, cache: FeatureCache | None) -> None:
     """Load the bundles and connect the cache (or take the ones given), then serve."""
     settings, metrics = state.settings, state.metrics
+    calibration = CalibrationSettings(
+        enabled=settings.calibration,
+        window=settings.calibration_window,
+        min_samples=settings.calibration_min_samples,
+    )
+    # Taken before loading, so that the watcher sees a change made while the bundles load.
+    seen = snapshot(settings.models_dir) if settings.watch_interval_s > 0 else {}
     reg = (
         registry
         if registry is not None
         else load_registry(
-            settings.models_dir,
-            settings.max_pixels,
-            CalibrationSettings(
-                enabled=settings.calibration,
-                window=settings.calibration_window,
-                min_samples=settings.calibration_min_samples,
-            ),
-            settings.sensor_sources,
+            settings.models_dir, settings.max_pixels, calibration, settings.sensor_sources
         )
     )
     feature_cache = (
@@ -172,3 +227,17 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         ),
     )
     state.ready = bool(reg.bundles)
+
+    def changed() -> None:
+        metrics.models_loaded.set(len(reg.bundles))
+        state.ready = bool(reg.bundles)
+
+    state.manager = ModelManager(
+        reg,
+        settings.models_dir,
+        settings.max_pixels,
+        calibration,
+        settings.sensor_sources,
+        on_change=changed,
+    )
+    state.manager.remember(seen)

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from service import errors
 from service.http.schemas import ErrorResponse
@@ -36,12 +37,17 @@ STATUS: dict[type[errors.BudgetServeError], int] = {
     errors.BodyTimeout: 408,
     errors.ExtractionFailed: 422,
     errors.UnsupportedMediaType: 415,
+    errors.VersionNotFound: 404,
+    errors.AdminUnauthorized: 401,
+    errors.AdminDisabled: 403,
 }
 
 # Documented in the OpenAPI schema for the routes that return them (every error body is an
 # ErrorResponse, including FastAPI's own validation errors: see _validation_error).
 _ERROR_DOCS = {
-    404: "unknown model or strategy",
+    401: "missing or wrong admin token (Authorization: Bearer <BUDGETSERVE_ADMIN_TOKEN>)",
+    403: "model management is disabled: BUDGETSERVE_ADMIN_TOKEN is not set",
+    404: "unknown model, version or strategy",
     408: "the request body did not arrive in full within BUDGETSERVE_BODY_TIMEOUT_S",
     413: "request body or image too large",
     415: "request body is not JSON (send Content-Type: application/json)",
@@ -115,7 +121,11 @@ def _unreadable_body(cause: BaseException | None) -> str:
 
 
 def _count(request: Request, status: str) -> None:
-    """Count a predict request's outcome (other routes are not counted)."""
+    """Count a predict request's outcome (other routes are not counted); note it for the
+    request's log line."""
+    summary = getattr(request.state, "summary", None)
+    if isinstance(summary, dict):
+        summary["outcome"] = status
     if request.url.path == PREDICT_PATH:
         label = getattr(request.state, "model_label", UNKNOWN_MODEL)
         app_state(request).metrics.requests.labels(model=label, status=status).inc()
@@ -154,6 +164,17 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     _count(request, "http_error")
     response = error_response(exc.status_code, "http_error", str(exc.detail))
     response.headers.update(exc.headers or {})  # 405's Allow, for one
+    if exc.status_code == 405:
+        # Starlette names the methods of the first route matching the path only; a path
+        # served by several routes (GET and DELETE /models/{name}) allows all of theirs.
+        allowed = {
+            method
+            for route in request.app.router.routes
+            if isinstance(route, BaseRoute) and route.matches(request.scope)[0] is not Match.NONE
+            for method in getattr(route, "methods", None) or ()
+        }
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
     return response
 
 

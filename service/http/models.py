@@ -9,6 +9,7 @@ from fastapi import Depends, Query
 
 from service.bundle import Manifest
 from service.http.state import AppState, app_state
+from service.registry import Registry
 
 State = Annotated[AppState, Depends(app_state)]
 
@@ -18,18 +19,37 @@ async def list_models(state: State) -> dict[str, Any]:
     manifest's name when it parsed (else the folder's), ``error`` the reason."""
     reg = state.loaded_registry()
     return {
-        "models": [_summary(b.manifest) for b in reg.bundles.values()],
+        "models": [{**_summary(b.manifest), **_versions(reg, n)} for n, b in reg.bundles.items()],
         "failed": [
-            {"name": f.name, "folder": f.folder, "error": f.reason}
+            {
+                "name": f.name,
+                "folder": f.folder,
+                "error": f.reason,
+                # a reload that failed while an earlier load of the name still serves
+                "serving": f.name in reg.bundles,
+            }
             for f in sorted(reg.failures, key=lambda f: (f.name, f.folder))
         ],
     }
 
 
+def _versions(reg: Registry, name: str) -> dict[str, Any]:
+    """The versions of ``name`` (oldest first) with their manifests' versions, and the
+    default one (the newest)."""
+    versions = reg.versions.get(name) or {reg.bundles[name].manifest.version: reg.bundles[name]}
+    return {
+        "versions": [
+            {"version": v, "manifest_version": b.manifest.version} for v, b in versions.items()
+        ],
+        "default_version": next(reversed(versions)),
+    }
+
+
 async def get_model(name: str, state: State) -> dict[str, Any]:
-    bundle = state.loaded_registry().get(name)
+    reg = state.loaded_registry()
+    bundle = reg.get(name)
     m = bundle.manifest
-    detail = _summary(m)
+    detail = {**_summary(m), **_versions(reg, name)}
     detail["extractors"] = [
         {"name": e.name, "version": e.version, "dims": e.dims, "cost": e.cost.model_dump()}
         for e in m.extractors

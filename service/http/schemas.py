@@ -71,6 +71,13 @@ class PredictRequest(BaseModel):
         max_length=64,
         description="one of the bundle's strategies (GET /models/{name}); its default if absent",
     )
+    version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="one of the model's versions (GET /models/{name}: versions); the newest "
+        "if absent",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -9,6 +9,7 @@ from fastapi import Request
 from service import errors
 from service.cache import FeatureCache
 from service.handler import PredictHandler
+from service.management import ModelManager
 from service.metrics import Metrics
 from service.registry import Registry
 from service.settings import Settings
@@ -25,6 +26,7 @@ class AppState:
     cache: FeatureCache | None = None
     handler: PredictHandler | None = None
     ready: bool = False
+    manager: ModelManager | None = None
 
     def loaded_registry(self) -> Registry:
         """The registry, or :class:`~service.errors.ServiceNotReady` while starting."""

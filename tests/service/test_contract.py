@@ -144,7 +144,7 @@ def test_json_content_types_are_read(client: TestClient, content_type: str) -> N
         ("PUT", "/predict", "POST"),
         ("GET", "/predict", "POST"),
         ("DELETE", "/models", "GET"),
-        ("POST", "/models/digits", "GET"),
+        ("POST", "/models/digits", "DELETE, GET"),  # GET and DELETE /models/{name}: both
         ("PATCH", "/metrics", "GET"),
     ],
 )
@@ -171,6 +171,9 @@ def test_openapi_documents_the_errors_each_route_returns(client: TestClient) -> 
         ("get", "/models/{name}"): {"404", "422", "503"},
         ("get", "/models/{name}/costs"): {"404", "422", "503"},
         ("get", "/models/{name}/skyline"): {"404", "422", "503"},
+        ("post", "/-/reload"): {"401", "403", "503"},
+        ("post", "/models/{name}/reload"): {"401", "403", "404", "422", "503"},
+        ("delete", "/models/{name}"): {"401", "403", "404", "422", "503"},
     }
     for (method, path), statuses in expected.items():
         responses = _responses(schema, method, path)

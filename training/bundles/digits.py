@@ -88,7 +88,7 @@ def profile_costs(
     sides: Sequence[int],
     repeats: int,
     quantile: float = 0.95,
-    progress: bool = False,
+    progress: bool | Progress = False,
 ) -> dict[str, CostPolynomial]:
     from training.profiling import fit_profiles, profile_extractors
 
@@ -295,7 +295,7 @@ def build_bundle(
     costs: dict[str, CostPolynomial] | None = None,
     data: FeatureData | None = None,
     progress: Progress = _noop,
-    profile_progress: bool = False,
+    profile_progress: bool | Progress = False,
     executor: Executor = INLINE,
 ) -> BuildResult:
     """Train and write a digits Poly-Dom bundle to ``out_dir`` (replaced atomically).

@@ -1,0 +1,157 @@
+"""Request ids and the one log line per request.
+
+:class:`RequestLog` (ASGI middleware, outermost) takes the request's ``x-request-id`` when it
+is a sensible id (1-128 visible ASCII characters), else makes one (32 hex digits); puts it
+in every response's ``x-request-id`` header, in :data:`request_id` (so every log record of
+the request carries it: :class:`RequestIdFilter`, uvicorn's access line too) and in
+``request.state.request_id``; and when the response is sent, logs one line on
+``budgetserve.request``: client, method, path, status, duration, and what the endpoint put
+in ``request.state.summary`` (``/predict``: model, version, strategy, budget, spent, cached,
+outcome). Probes (``/healthz``, ``/readyz``, ``/metrics``) log at DEBUG, every other request
+at INFO.
+
+:func:`configure_logging`: the process's log format, ``text`` or ``json``
+(``BUDGETSERVE_LOG_FORMAT``); in ``json`` every record is one JSON object per line, with the
+fields of a request line at the top level (``budgetserve-serve`` then turns uvicorn's access
+line off: the request line replaces it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADER = "x-request-id"
+_VALID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces, at most 128
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+request_id: ContextVar[str | None] = ContextVar("budgetserve_request_id", default=None)
+log = logging.getLogger("budgetserve.request")
+
+
+def accept_id(raw: bytes | None) -> str:
+    """The client's id when it is 1-128 visible ASCII characters, else a new one."""
+    if raw is not None:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            text = ""
+        if _VALID.fullmatch(text):
+            return text
+    return uuid.uuid4().hex
+
+
+class RequestLog:
+    """See the module."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = accept_id(dict(scope.get("headers", [])).get(HEADER.encode()))
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        token = request_id.set(rid)
+        started = time.perf_counter()
+        status = 500  # unless a response starts
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != HEADER.encode()
+                ]
+                headers.append((HEADER.encode(), rid.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            path = scope.get("path", "")
+            client = scope.get("client")
+            fields: dict[str, Any] = {
+                "request_id": rid,
+                "client": f"{client[0]}:{client[1]}" if client else None,
+                "method": scope.get("method"),
+                "path": path,
+                "status": status,
+                "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
+                **state.get("summary", {}),
+            }
+            level = logging.DEBUG if path in PROBES else logging.INFO
+            if log.isEnabledFor(level):
+                text = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if k != "request_id")
+                log.log(level, "%s", text, extra={"fields": fields})
+            request_id.reset(token)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``record.request_id``: the id of the request being served, or ``-``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = request_id.get() or "-"
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, request
+    id, the record's ``fields`` (a request line's) and the exception, if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None) or request_id.get(),
+        }
+        fields = getattr(record, "fields", None)
+        if fields:  # a request line: its fields, not their text again
+            body["message"] = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
+            body.update(fields)
+        if record.exc_info:
+            body["exception"] = self.formatException(record.exc_info)
+        return json.dumps(body, default=str)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+def configure_logging(fmt: str, level: int = logging.INFO) -> None:
+    """Send every log record of this process (uvicorn's too) to stderr in ``fmt`` (``text``
+    or ``json``), replacing the root logger's handlers."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uv = logging.getLogger(name)
+        uv.handlers.clear()
+        uv.propagate = True

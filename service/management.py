@@ -1,0 +1,186 @@
+"""Model management: load, reload and unload bundles while the service runs.
+
+:class:`ModelManager` loads a top-level folder of ``models_dir`` (one bundle, or its
+``<version>/`` subfolders) in a worker thread, then swaps the result into the
+:class:`~service.registry.Registry` on the event loop (:meth:`Registry.install`): a request
+that already took a bundle finishes on it, the next one gets the new bundle. A version that
+fails to load keeps its previous bundle serving; the failure is reported (``GET /models``,
+``/readyz``) until a later load of that folder succeeds.
+
+Each worker process has its own registry. The admin endpoints (``service.http.admin``)
+reload the worker that received the request; :meth:`ModelManager.watch` (enabled by
+``BUDGETSERVE_WATCH_INTERVAL_S``) polls the folder in every worker, so with several
+workers, watching is what reloads them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from service.registry import (
+    CalibrationSettings,
+    FolderLoad,
+    Registry,
+    bundle_folders,
+    load_folder,
+)
+from service.sources import SensorSources
+
+log = logging.getLogger("budgetserve.models")
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+@dataclass
+class ReloadReport:
+    """What a reload did: the versions now served from the folders it loaded, the versions
+    that failed (with the old one kept serving when ``serving``), and the names unloaded."""
+
+    loaded: list[dict[str, str]] = field(default_factory=list)
+    failed: list[dict[str, str | bool]] = field(default_factory=list)
+    unloaded: list[str] = field(default_factory=list)
+
+
+def fingerprint(folder: Path) -> Fingerprint:
+    """(relative path, size, mtime ns) of every file under ``folder`` (following links):
+    it changes when a bundle in it is written, replaced or removed."""
+    entries: list[tuple[str, int, int]] = []
+    for root, _dirs, files in os.walk(folder, followlinks=True):
+        for name in files:
+            path = Path(root) / name
+            try:
+                st = path.stat()
+            except OSError:  # removed while walking, or a dangling link
+                entries.append((str(path.relative_to(folder)), -1, -1))
+                continue
+            entries.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+def snapshot(models_dir: Path) -> dict[str, Fingerprint]:
+    """The fingerprint of every bundle folder of ``models_dir``."""
+    return {folder: fingerprint(models_dir / folder) for folder in bundle_folders(models_dir)}
+
+
+class ModelManager:
+    """Loads folders of ``models_dir`` into ``registry``; ``on_change`` runs after each
+    change (the app updates readiness and metrics there). One change at a time."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        models_dir: Path,
+        max_pixels: int,
+        calibration: CalibrationSettings | None = None,
+        sources: SensorSources | None = None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.registry = registry
+        self.models_dir = models_dir
+        self.max_pixels = max_pixels
+        self.calibration = calibration
+        self.sources = sources
+        self.on_change = on_change
+        self.lock = anyio.Lock()
+        self.seen: dict[str, Fingerprint] = {}
+
+    def folder_of(self, name: str) -> str:
+        """The folder that serves ``name``, else the folder of that name."""
+        return self.registry.owners.get(name, name)
+
+    async def _load(self, folder: str) -> FolderLoad:
+        self.seen[folder] = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
+        return await anyio.to_thread.run_sync(
+            load_folder, self.models_dir, folder, self.max_pixels, self.calibration, self.sources
+        )
+
+    def _install(self, load: FolderLoad, report: ReloadReport) -> None:
+        before = {n for n, f in self.registry.owners.items() if f == load.folder}
+        self.registry.install(load)
+        after = {n for n, f in self.registry.owners.items() if f == load.folder}
+        for label, bundle in load.bundles:
+            if self.registry.versions.get(bundle.name, {}).get(label) is bundle:
+                report.loaded.append({"name": bundle.name, "version": label, "folder": load.folder})
+        for failure in load.failures:
+            report.failed.append(
+                {
+                    "name": failure.name,
+                    "folder": failure.folder,
+                    "error": failure.reason,
+                    "serving": failure.name in self.registry.bundles,
+                }
+            )
+        report.unloaded.extend(sorted(before - after))
+
+    async def reload(self, name: str) -> ReloadReport:
+        """Load the folder serving ``name`` (or named ``name``) again; a name that cannot be
+        a bundle folder's (hidden, or with a path separator) loads nothing."""
+        report = ReloadReport()
+        folder = self.folder_of(name)
+        if folder.startswith(".") or "/" in folder or "\\" in folder:
+            return report
+        async with self.lock:
+            self._install(await self._load(folder), report)
+            self.on_change()
+        return report
+
+    async def reload_all(self, only_changed: bool = False) -> ReloadReport:
+        """Load every bundle folder again (with ``only_changed``: those whose files changed
+        since they were last loaded); unload the names whose folder is gone."""
+        report = ReloadReport()
+        async with self.lock:
+            folders = await anyio.to_thread.run_sync(bundle_folders, self.models_dir)
+            for folder in folders:
+                if only_changed:
+                    now = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
+                    if self.seen.get(folder) == now:
+                        continue
+                self._install(await self._load(folder), report)
+            for folder in set(self.registry.owners.values()) - set(folders):
+                self._install(FolderLoad(folder), report)
+                self.seen.pop(folder, None)
+            if report.loaded or report.failed or report.unloaded:
+                self.on_change()
+        return report
+
+    async def unload(self, name: str) -> bool:
+        """Stop serving ``name`` until its folder is loaded again (a reload, or a change
+        that the watcher sees)."""
+        async with self.lock:
+            found = self.registry.unload(name)
+            if found:
+                self.on_change()
+        return found
+
+    def remember(self, seen: dict[str, Fingerprint]) -> None:
+        """Take the fingerprints of the folders as they were before the registry was
+        loaded (:func:`snapshot`): a change made while it loaded is then seen."""
+        self.seen = dict(seen)
+
+    async def watch(self, interval_s: float) -> None:
+        """Every ``interval_s``, reload the folders whose files changed (forever)."""
+        while True:
+            await anyio.sleep(interval_s)
+            try:
+                report = await self.reload_all(only_changed=True)
+            except Exception:  # never let the watcher die: log and try again
+                log.exception("watching %s failed", self.models_dir)
+                continue
+            for entry in report.loaded:
+                log.info("reloaded %s version %s", entry["name"], entry["version"])
+            for failure in report.failed:
+                log.error(
+                    "bundle folder %s failed to load (%s): %s",
+                    failure["folder"],
+                    "previous version still serving" if failure["serving"] else "not serving",
+                    failure["error"],
+                )
+            for name in report.unloaded:
+                log.info("unloaded %s (its folder is gone)", name)

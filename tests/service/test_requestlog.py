@@ -1,0 +1,106 @@
+"""Request ids (``x-request-id``) and the one log line per request, through the real app."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.cache import InProcessCache
+from service.http import create_app
+from service.http.requestlog import JsonFormatter, RequestIdFilter
+from service.settings import Settings
+from tests.conftest import png_b64
+
+ITEM = {"png_base64": png_b64(np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32))}
+GENERATED = re.compile(r"[0-9a-f]{32}")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_bundle_dir: Path) -> Iterator[TestClient]:
+    app = create_app(
+        Settings(models_dir=tiny_bundle_dir.parent, max_body_bytes=4096),
+        cache=InProcessCache(1 << 20),
+    )
+    with TestClient(app) as c:
+        yield c
+
+
+def request_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "budgetserve.request"]
+
+
+def test_a_given_request_id_is_echoed_on_success_and_errors(client: TestClient) -> None:
+    ok = client.post(
+        "/predict",
+        json={"model": "tiny", "item": ITEM, "budget": 1000},
+        headers={"x-request-id": "order-42/a"},
+    )
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "order-42/a"
+    missing = client.post(
+        "/predict",
+        json={"model": "nope", "item": ITEM, "budget": 1},
+        headers={"X-Request-ID": "r-404"},
+    )
+    assert missing.status_code == 404 and missing.headers["x-request-id"] == "r-404"
+    too_big = client.post(  # refused by the body-limit middleware, before any route
+        "/predict", content=b"{" + b" " * 5000 + b"}", headers={"x-request-id": "r-413"}
+    )
+    assert too_big.status_code == 413 and too_big.headers["x-request-id"] == "r-413"
+    assert client.get("/healthz", headers={"x-request-id": "probe"}).headers["x-request-id"] == (
+        "probe"
+    )
+
+
+@pytest.mark.parametrize("given", [None, "", "has space", "x" * 129, "naïve"])
+def test_a_missing_or_unusable_request_id_is_replaced(
+    client: TestClient, given: str | None
+) -> None:
+    headers = {} if given is None else {b"x-request-id": given.encode()}
+    r = client.get("/models", headers=headers)
+    assert GENERATED.fullmatch(r.headers["x-request-id"]), r.headers["x-request-id"]
+    second = client.get("/models").headers["x-request-id"]
+    assert second != r.headers["x-request-id"]
+
+
+def test_one_log_line_per_request_with_what_it_spent(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="budgetserve.request")
+    body = {"model": "tiny", "item": {**ITEM, "id": "log-test"}, "budget": 1000}
+    first = client.post("/predict", json=body, headers={"x-request-id": "first"}).json()
+    client.post("/predict", json=body, headers={"x-request-id": "second"})
+    client.post("/predict", json={**body, "strategy": "nope"}, headers={"x-request-id": "third"})
+    client.get("/healthz")  # probes log at DEBUG only
+    lines = request_lines(caplog)
+    assert [r.fields["request_id"] for r in lines] == ["first", "second", "third"]  # type: ignore[attr-defined]
+    one, two, three = (r.fields for r in lines)  # type: ignore[attr-defined]
+    assert one["status"] == 200 and one["outcome"] == "ok" and one["model"] == "tiny"
+    assert one["strategy"] == first["strategy"] and one["budget"] == 1000
+    assert one["spent"] == first["cost"]["spent"] and one["cached"] == []
+    assert one["extracted"] == first["cost"]["extracted"] != []
+    assert two["cached"] == sorted(first["cost"]["extracted"])  # the same item: cached
+    assert three["status"] == 404 and three["outcome"] == "strategy_not_found"
+    assert three["strategy"] == "nope" and "spent" not in three
+    formatted = json.loads(JsonFormatter().format(lines[0]))
+    assert formatted["request_id"] == "first" and formatted["message"] == "POST /predict 200"
+    assert formatted["spent"] == first["cost"]["spent"] and formatted["level"] == "INFO"
+
+
+def test_records_logged_while_serving_carry_the_request_id(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    caplog.handler.addFilter(RequestIdFilter())
+    client.get("/models/tiny", headers={"x-request-id": "inspect-1"})
+    line = request_lines(caplog)[-1]
+    assert line.request_id == "inspect-1"  # type: ignore[attr-defined]
+    outside = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
+    RequestIdFilter().filter(outside)
+    assert outside.request_id == "-"  # type: ignore[attr-defined]
