@@ -256,11 +256,13 @@ async def predict_batch(
     *,
     budget: float | None = None,
     total_budget: float | None = None,
+    version: str | None = None,
 ) -> BatchOutcome:
     """Answer ``items`` of ``model``: each with ``budget``, or all of them under
     ``total_budget`` (see the module). Items run one after the other; each is an ordinary
     prediction (``PredictHandler.predict``), whose features are written to the cache before
-    the next item runs, so an identical item later in the batch gets them free."""
+    the next item runs, so an identical item later in the batch gets them free. Every item
+    runs on ``version`` of ``model`` (its newest if None)."""
     if (budget is None) == (total_budget is None):
         raise InvalidRequest("send exactly one of 'budget' (each item's) and 'total_budget'")
     if not items:
@@ -276,13 +278,13 @@ async def predict_batch(
 
     async def run(i: int, item_budget: float) -> float:
         response, item_writes = await handler.predict(
-            model, items[i], None, max(item_budget, EMPTY_BUDGET), strategy
+            model, items[i], None, max(item_budget, EMPTY_BUDGET), strategy, version=version
         )
         await handler.write_back(item_writes)
         responses[i] = response
         return response.cost.spent
 
-    bundle = handler.registry.get(model)
+    bundle = handler.registry.get(model, version)
     bundle.strategy(strategy)  # an unknown strategy fails before anything is decoded
     decoded = await _decode_all(handler, bundle, items)
     plan: BatchPlan | None = None

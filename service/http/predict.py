@@ -53,9 +53,17 @@ async def predict(
                 body.strategy,
                 budget=body.budget,
                 total_budget=body.total_budget,
+                version=body.version,
             )
         metrics.requests.labels(model=label, status="ok").inc()
         first = outcome.responses[0]
+        summary.update(
+            total_budget=body.total_budget,
+            items=len(outcome.responses),
+            spent=sum(r.cost.spent for r in outcome.responses),
+            unit=first.cost.unit,
+            outcome="ok",
+        )
         order = outcome.plan.order if outcome.plan else list(range(len(outcome.responses)))
         return BatchPredictResponse(
             model=first.model,

@@ -148,6 +148,13 @@ class BatchPredictRequest(BaseModel):
         max_length=64,
         description="one of the bundle's strategies (GET /models/{name}); its default if absent",
     )
+    version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="one of the model's versions (GET /models/{name}: versions), for every "
+        "item; the newest if absent",
+    )
 
     @model_validator(mode="after")
     def _one_budget(self) -> BatchPredictRequest:

@@ -108,33 +108,17 @@ class ProtocolError(errors.BudgetServeError):
     code = "bad_request"
 
 
-class VersionNotFound(errors.BudgetServeError):
-    code = "model_not_found"
-
-    def __init__(self, name: str, version: str, available: list[str]) -> None:
-        super().__init__(
-            f"model {name!r} has no version {version!r}; available: {', '.join(available)}",
-            model=name,
-            version=version,
-            available=available,
-        )
-
-
 def resolve(registry: Registry, name: str, version: str | None) -> Bundle:
-    """The loaded bundle serving ``name`` at ``version`` (None: the default one).
+    """The loaded bundle serving ``name`` at ``version`` (None: the newest one).
 
-    Raises ``ModelNotFound`` / ``ModelNotReady`` (as ``Registry.get``) or
-    :class:`VersionNotFound`."""
-    bundle = registry.get(name)
-    if version is not None and version != bundle.manifest.version:
-        raise VersionNotFound(name, version, [bundle.manifest.version])
-    return bundle
+    Raises ``ModelNotFound`` / ``ModelNotReady`` / ``VersionNotFound`` (as ``Registry.get``)."""
+    return registry.get(name, version)
 
 
 def v2_error(exc: errors.BudgetServeError) -> JSONResponse:
     if isinstance(exc, ProtocolError):
         status = 400
-    elif isinstance(exc, VersionNotFound):
+    elif isinstance(exc, errors.VersionNotFound):
         status = 404
     else:
         status = status_of(exc)
@@ -167,10 +151,12 @@ async def model_metadata(name: str, state: State) -> JSONResponse:
 
 async def version_metadata(name: str, version: str | None, state: State) -> JSONResponse:
     try:
-        bundle = resolve(state.loaded_registry(), name, version)
+        registry = state.loaded_registry()
+        bundle = resolve(registry, name, version)
     except errors.BudgetServeError as exc:
         return v2_error(exc)
-    return JSONResponse(_metadata(bundle).model_dump(exclude_none=True))
+    versions = list(registry.versions.get(name) or [bundle.manifest.version])
+    return JSONResponse(_metadata(bundle, versions).model_dump(exclude_none=True))
 
 
 async def model_ready(name: str, state: State) -> JSONResponse:
@@ -187,15 +173,17 @@ async def version_ready(name: str, version: str | None, state: State) -> JSONRes
     return JSONResponse(ModelReady(name=name, ready=True).model_dump())
 
 
-def _metadata(bundle: Bundle) -> ModelMetadata:
+def _metadata(bundle: Bundle, versions: list[str]) -> ModelMetadata:
     m = bundle.manifest
     if m.item.kind == "tabular":
         inputs = [MetadataTensor(name=c, datatype="FP32", shape=[-1]) for c in m.item.columns]
         inputs.append(
             MetadataTensor(name="VALUES", datatype="FP32", shape=[-1, len(m.item.columns)])
         )
-    else:
+    elif m.item.kind == "image":
         inputs = [MetadataTensor(name="IMAGE", datatype="BYTES", shape=[-1])]
+    else:
+        inputs = [MetadataTensor(name="ITEM", datatype="BYTES", shape=[-1])]
     inputs.append(MetadataTensor(name="ID", datatype="BYTES", shape=[-1]))
     k = len(m.classes)
     outputs = [
@@ -209,7 +197,7 @@ def _metadata(bundle: Bundle) -> ModelMetadata:
     ]
     return ModelMetadata(
         name=m.name,
-        versions=[m.version],
+        versions=versions,
         platform="budgetserve",
         inputs=inputs,
         outputs=outputs,
@@ -266,12 +254,20 @@ async def _infer(
     wanted = _requested(req)
     items = to_items(bundle, req.inputs, binary)
     if budget is not None and len(items) == 1:
-        response, writes = await handler.predict(name, items[0], None, budget, strategy)
+        response, writes = await handler.predict(
+            name, items[0], None, budget, strategy, version=version
+        )
         await handler.write_back(writes)
         results = [response]
     else:
         outcome = await predict_batch(
-            handler, name, items, strategy, budget=budget, total_budget=total
+            handler,
+            name,
+            items,
+            strategy,
+            budget=budget,
+            total_budget=total,
+            version=version,
         )
         results = outcome.responses
     return _response(bundle, req, results, wanted, budget, total)
@@ -428,10 +424,13 @@ def to_items(
     ids = tensors.pop("ID", None)
     if ids is not None and ids[0].datatype != "BYTES":
         raise ProtocolError(f"ID must be BYTES (the items' ids), got {ids[0].datatype}")
-    if bundle.manifest.item.kind == "tabular":
+    kind = bundle.manifest.item.kind
+    if kind == "tabular":
         items = _tabular_items(bundle, tensors)
-    else:
+    elif kind == "image":
         items = _image_items(tensors, binary_png=_binary_png(inputs, binary))
+    else:
+        items = _json_items(kind, tensors)
     if ids is not None:
         id_values = ids[1].reshape(-1)
         if id_values.size != len(items):
@@ -440,6 +439,36 @@ def to_items(
             item["id"] = raw_id.decode("utf-8", errors="replace")
     if not items:
         raise ProtocolError("the inputs hold no item (batch dimension 0)")
+    return items
+
+
+def _json_items(
+    kind: str, tensors: dict[str, tuple[RequestInput, npt.NDArray[Any]]]
+) -> list[dict[str, Any]]:
+    """Items of other kinds (``letters``, ``tokens``...): one BYTES input ``ITEM`` whose
+    elements are the items as ``POST /predict`` takes them, each a JSON document."""
+    found = tensors.pop("ITEM", None)
+    if found is None or tensors:
+        raise ProtocolError(
+            f"this model takes {kind!r} items: send them as one BYTES input 'ITEM', each "
+            f"element an item as POST /predict takes it, in JSON; got inputs "
+            f"{', '.join(map(repr, ['ITEM'] * (found is not None) + sorted(tensors))) or 'none'}"
+        )
+    inp, values = found
+    if inp.datatype != "BYTES":
+        raise ProtocolError(f"ITEM must be BYTES (JSON documents), got {inp.datatype}")
+    items: list[dict[str, Any]] = []
+    for i, raw in enumerate(values.reshape(-1).tolist()):
+        try:
+            item = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"ITEM[{i}] is not a JSON document: {exc}") from None
+        if not isinstance(item, dict):
+            raise ProtocolError(
+                f"ITEM[{i}] must be a JSON object (an item as POST /predict takes it), "
+                f"got {type(item).__name__}"
+            )
+        items.append(item)
     return items
 
 

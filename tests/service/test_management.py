@@ -89,6 +89,21 @@ def test_versions_side_by_side_newest_by_default_selectable(
             "/predict", json={"model": "flat", "item": ITEM, "budget": 1000, "version": "f-1"}
         )
         assert flat.status_code == 200 and flat.json()["model"] == "flat"
+        # A batch runs every item on the version it names; v2 addresses versions by label.
+        batch = client.post(
+            "/predict",
+            json={"model": "tiny", "items": [ITEM, ITEM], "total_budget": 1000, "version": "2"},
+        )
+        assert batch.status_code == 200, batch.text
+        assert {r["model_version"] for r in batch.json()["results"]} == {"m-2"}
+        missing = client.post(
+            "/predict", json={"model": "tiny", "items": [ITEM], "budget": 1000, "version": "3"}
+        )
+        assert missing.status_code == 404
+        assert missing.json()["error"]["type"] == "version_not_found"
+        assert client.get("/v2/models/tiny").json()["versions"] == ["1", "2", "10"]
+        assert client.get("/v2/models/tiny/versions/2/ready").json()["ready"] is True
+        assert client.get("/v2/models/tiny/versions/3").status_code == 404
 
 
 def test_a_version_folder_naming_another_bundle_fails_with_why(

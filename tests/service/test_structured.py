@@ -230,3 +230,43 @@ def test_anytime_never_exceeds_the_budget_by_more_than_one_templates_mispredicti
             assert over <= worst + 1e-9
             checked += len(run.acquired) > 0
     assert checked > 0
+
+
+def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: TestClient) -> None:
+    """The Open Inference Protocol carries items of other kinds as one BYTES input 'ITEM', one
+    JSON document per item: the same answers as POST /predict."""
+    import json
+
+    words = [_letters(trained.data, w) for w in trained.words[:2]]
+    meta = client.get("/v2/models/ocr").json()
+    assert [i["name"] for i in meta["inputs"]] == ["ITEM", "ID"]
+    body = {
+        "inputs": [
+            {
+                "name": "ITEM",
+                "datatype": "BYTES",
+                "shape": [2],
+                "data": [json.dumps({"letters": letters}) for letters in words],
+            }
+        ],
+        "parameters": {"budget": 5000, "strategy": "structured-oneshot"},
+    }
+    answer = client.post("/v2/models/ocr/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    predicted = next(o for o in answer.json()["outputs"] if o["name"] == "PREDICTION")["data"]
+    direct = [
+        _ask(
+            client,
+            {"strategy": "structured-oneshot", "budget": 5000, "item": {"letters": letters}},
+        )["prediction"]
+        for letters in words
+    ]
+    assert predicted == direct
+    wrong = dict(body, inputs=[dict(body["inputs"][0], name="IMAGE")])  # type: ignore[arg-type]
+    refused = client.post("/v2/models/ocr/infer", json=wrong)
+    assert refused.status_code == 400 and "'ITEM'" in refused.json()["error"]
+    not_json = dict(body, inputs=[dict(body["inputs"][0], data=["{", "[1]"])])  # type: ignore[arg-type]
+    refused = client.post("/v2/models/ocr/infer", json=not_json)
+    assert (
+        refused.status_code == 400 and "ITEM[0] is not a JSON document" in refused.json()["error"]
+    )
