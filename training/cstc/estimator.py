@@ -254,7 +254,7 @@ class _CostTree(BaseEstimator):  # type: ignore[misc]
     def _initialise(self, problem: Problem) -> list[Node]:
         """§3.4.2: top-down, each node fitted as a leaf (its children cut off), then its
         routing direction and a threshold sending half of its rows (by reach) upward."""
-        n, d = problem.X.shape
+        d = problem.X.shape[1]
         C = problem.Y.shape[1]
         root = self._new_node(C, d)
         root.B[:] = 1e-2  # every column starts in play; the closed form sets the weights

@@ -11,7 +11,8 @@ paper), at test time the hard rule h·u > θ.
 The objective (eq. 12 for trees, 19 for cascades, the Cronus variant of §4.1, and eq. 22
 when the columns are boosted trees) is
 
-    (1/n) Σ_i Σ_k w_yi p_ik ℓ_ik  +  ρ Σ_k Σ_t ‖B^k_t‖  +  λ Σ_l P_l Σ_g c_g √(Σ_{j∈π_l} Σ_{t∈g} ‖B^j_t‖²)
+    (1/n) Σ_i Σ_k w_yi p_ik ℓ_ik  +  ρ Σ_k Σ_t ‖B^k_t‖
+        +  λ Σ_l P_l Σ_g c_g √(Σ_{j∈π_l} Σ_{t∈g} ‖B^j_t‖²)
 
 with ℓ the squared loss ‖h − y‖², p_ik the probability of reaching node k (trees) or of
 exiting there (cascades), P_l the average probability of leaving through terminal l, π_l
@@ -285,7 +286,7 @@ def _subtree(
 def _side(problem: Problem, nodes: list[Node], fw: Forward, k: int, side: str) -> Side:
     nd = nodes[k]
     child = getattr(nd, side)
-    n, d = problem.X.shape
+    n = problem.X.shape[0]
     if child is not None:
         V, T0, Q = _subtree(problem, nodes, fw, child, k)
         return Side(V, T0, Q, own_loss=False)
@@ -359,7 +360,7 @@ def _leaf_closed_form(
     fw: Forward,
     k: int,
     gamma: Array,
-    active: Array,
+    active: npt.NDArray[np.bool_],
     *,
     with_cost: bool = True,
 ) -> None:
@@ -393,7 +394,7 @@ def _routing_lbfgs(
     fw: Forward,
     k: int,
     gamma: Array,
-    active: Array,
+    active: npt.NDArray[np.bool_],
     maxiter: int,
 ) -> None:
     nd = nodes[k]
