@@ -1,4 +1,5 @@
-"""One contract for the X, y estimators of ``training`` (ADAPT-LIN, L1, ADAPT-GBRT, the DAG).
+"""One contract for the X, y estimators of ``training`` (ADAPT-LIN, L1, ADAPT-GBRT, the DAG,
+CSTC and CSCC).
 
 Two layers: :func:`test_contract` checks, on the same small data for all four, what the
 bundle builders and the sweeps rely on (scikit-learn's ``BaseEstimator``/``ClassifierMixin``
@@ -23,6 +24,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
+from training.cstc import CSTCClassifier
 from training.dag import DagClassifier
 from training.gating import AdaptGbrt, AdaptLin, L1Baseline
 
@@ -66,12 +68,22 @@ def _dag_nonlinear() -> DagClassifier:
     return dag
 
 
+def _cstc() -> CSTCClassifier:
+    return CSTCClassifier(costs=[1.0, 2.0, 4.0, 4.0], lam=0.001, depth=2, sharpness=10.0)
+
+
+def _cscc() -> CSTCClassifier:
+    return CSTCClassifier(lam=0.001, depth=3, structure="cascade", sharpness=10.0)
+
+
 ESTIMATORS: dict[str, Callable[[], Any]] = {
     "adapt-lin": _adapt_lin,
     "l1": _l1,
     "adapt-gbrt": _gbrt,
     "dag": _dag,
     "dag-gbrt-poly3": _dag_nonlinear,
+    "cstc": _cstc,
+    "cscc": _cscc,
 }
 
 
