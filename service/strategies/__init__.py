@@ -1,8 +1,9 @@
 """Strategy runtimes; importing this package registers the built-in kinds."""
 
+from service.strategies import cstc as cstc
 from service.strategies import dag as dag
 from service.strategies import gating as gating
 from service.strategies import greedy as greedy
 from service.strategies import polydom as polydom
 
-__all__ = ["dag", "gating", "greedy", "polydom"]
+__all__ = ["cstc", "dag", "gating", "greedy", "polydom"]
