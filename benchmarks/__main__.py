@@ -18,6 +18,7 @@ def main() -> None:
     from benchmarks import (
         anytime,
         calibration,
+        cstc,
         dag,
         digits,
         extractors,
@@ -36,6 +37,7 @@ def main() -> None:
         ("calibration", lambda: calibration.main()),
         ("dag", lambda: dag.main()),
         ("gating", lambda: gating.main()),
+        ("cstc", lambda: cstc.main([])),
         ("service", lambda: service.main()),
         ("fixed server", lambda: fixed_server.main()),
     ):

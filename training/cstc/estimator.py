@@ -85,7 +85,7 @@ class _CostTree(BaseEstimator):  # type: ignore[misc]
     def __init__(
         self,
         *,
-        costs: Sequence[float] | None = None,
+        costs: Sequence[float] | npt.NDArray[np.float64] | None = None,
         groups: Sequence[Sequence[int]] | None = None,
         lam: float = 0.1,
         rho: float = 0.001,
@@ -487,7 +487,7 @@ class CSTCClassifier(ClassifierMixin, _CostTree):  # type: ignore[misc]
     def __init__(
         self,
         *,
-        costs: Sequence[float] | None = None,
+        costs: Sequence[float] | npt.NDArray[np.float64] | None = None,
         groups: Sequence[Sequence[int]] | None = None,
         lam: float = 0.1,
         rho: float = 0.001,
