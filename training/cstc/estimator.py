@@ -325,36 +325,14 @@ class _CostTree(BaseEstimator):  # type: ignore[misc]
 
     def _val_error(self, nodes: list[Node], X_val: Array, y_val: Any) -> float:
         Z = (X_val - self.mean_) / self.scale_
-        out = np.zeros((len(Z), nodes[0].B.shape[1]))
-        for i, z in enumerate(Z):
-            k = 0
-            while nodes[k].routes:
-                nd = nodes[k]
-                s = float((z @ nd.B + nd.b) @ nd.u - nd.theta)
-                nxt = nd.upper if s > 0 else nd.lower
-                if nxt is None:
-                    break
-                k = nxt
-            out[i] = z @ nodes[k].B + nodes[k].b
-        return self._error(out, y_val)
+        return self._error(_hard_outputs(nodes, Z), y_val)
 
     def _val_loss(self, nodes: list[Node], X_val: Array, y_val: Any) -> float:
         """The training loss (squared, on the targets) of the hard tree on validation rows:
         finer than the error rate, which a rare class leaves flat."""
         Z = (X_val - self.mean_) / self.scale_
-        Y = self._targets(y_val)
-        total = 0.0
-        for z, t in zip(Z, Y, strict=True):
-            k = 0
-            while nodes[k].routes:
-                nd = nodes[k]
-                s = float((z @ nd.B + nd.b) @ nd.u - nd.theta)
-                nxt = nd.upper if s > 0 else nd.lower
-                if nxt is None:
-                    break
-                k = nxt
-            total += float(np.sum((z @ nodes[k].B + nodes[k].b - t) ** 2))
-        return total / max(len(Z), 1)
+        h = _hard_outputs(nodes, Z)
+        return float(np.sum((h - self._targets(y_val)) ** 2)) / max(len(Z), 1)
 
     def _error(self, h: Array, y: Any) -> float:
         raise NotImplementedError
@@ -424,6 +402,30 @@ class _CostTree(BaseEstimator):  # type: ignore[misc]
 
     def average_cost(self, X: Any) -> float:
         return float(np.mean([w.cost for w in self.walk(X)]))
+
+
+def _hard_outputs(nodes: list[Node], Z: Array) -> Array:
+    """Each row's prediction by the node its hard walk ends at (standardised inputs)."""
+    at = np.zeros(len(Z), dtype=np.intp)
+    done = np.zeros(len(Z), dtype=bool)
+    out = np.zeros((len(Z), nodes[0].B.shape[1]))
+    for k in level_order(nodes):
+        rows = np.flatnonzero((at == k) & ~done)
+        if not len(rows):
+            continue
+        nd = nodes[k]
+        h = Z[rows] @ nd.B + nd.b
+        out[rows] = h
+        if not nd.routes:
+            done[rows] = True
+            continue
+        up = (h @ nd.u - nd.theta) > 0
+        for mask, child in ((up, nd.upper), (~up, nd.lower)):
+            if child is None:
+                done[rows[mask]] = True
+            else:
+                at[rows[mask]] = child
+    return out
 
 
 def _weighted_median(values: Array, weights: Array) -> float:
