@@ -32,6 +32,7 @@ import numpy.typing as npt
 from scipy.optimize import minimize_scalar
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.model_selection import train_test_split
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from training.cstc.optimise import (
@@ -193,7 +194,17 @@ class _CostTree(BaseEstimator):  # type: ignore[misc]
         return u
 
     def _split(self, X: Array, y: Any) -> tuple[Array, Array, Any, Any]:
+        n = len(X)
+        if n < 4:
+            raise ValueError(
+                f"{type(self).__name__} holds out validation rows for pruning; it needs at "
+                f"least 4 samples, got n_samples={n}."
+            )
         stratify = y if isinstance(self, ClassifierMixin) else None
+        if stratify is not None:
+            counts = np.unique(stratify, return_counts=True)[1]
+            if counts.min() < 2 or self.validation_fraction * n < len(counts):
+                stratify = None  # too few rows of a class to stratify
         parts = train_test_split(
             X,
             y,
@@ -527,10 +538,12 @@ class CSTCClassifier(ClassifierMixin, _CostTree):  # type: ignore[misc]
 
     def fit(self, X: Any, y: Any) -> CSTCClassifier:
         X, y = validate_data(self, X, y)
+        check_classification_targets(y)
         self.classes_, encoded = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(
-                f"{type(self).__name__} needs at least 2 classes in y; got {len(self.classes_)}."
+                f"{type(self).__name__} needs at least 2 classes in y; got 1 class "
+                f"({self.classes_[0]!r}). Fit it on rows of two classes or more."
             )
         self._fit(np.asarray(X, dtype=np.float64), encoded)
         return self
@@ -590,15 +603,20 @@ class CSTCClassifier(ClassifierMixin, _CostTree):  # type: ignore[misc]
         self.temperature_ = float(math.exp(float(res.x)))
 
     def decision_function(self, X: Any) -> Array:
+        """The answering node's outputs h (n x classes); for two classes h_1 − h_0, as
+        scikit-learn's binary convention has it."""
         h, _ = self._outputs(X)
+        if len(self.classes_) == 2:
+            out: Array = h[:, 1] - h[:, 0]
+            return out
         return h
 
     def predict_proba(self, X: Any) -> Array:
-        h = self.decision_function(X)
+        h, _ = self._outputs(X)
         return softmax(self.temperature_ * h)
 
     def predict(self, X: Any) -> npt.NDArray[Any]:
-        h = self.decision_function(X)
+        h, _ = self._outputs(X)
         out: npt.NDArray[Any] = self.classes_[np.argmax(h, axis=1)]
         return out
 
