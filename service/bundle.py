@@ -537,6 +537,99 @@ class GatingStrategy(StrategySpec):
                 )
 
 
+class CstcNode(_Strict):
+    """A node of a cost-sensitive tree or cascade (paper 003). It reads ``features`` (the
+    cost groups its weights use), answers with ``model`` (a bundle model over exactly those
+    features: its prediction is the node's classifier) and, when it has a child, routes:
+    score = Σ route_weights · (its features' values concatenated in ``features`` order) +
+    route_bias, to ``upper`` when score > 0 and to ``lower`` otherwise. A child of None is a
+    terminal element: the node's own model answers."""
+
+    model: str
+    features: list[str] = Field(default_factory=list)
+    route_weights: list[float] = Field(default_factory=list)
+    route_bias: float = Field(default=0.0, allow_inf_nan=False)
+    upper: int | None = None
+    lower: int | None = None
+
+
+class CstcPoint(_Strict):
+    """One operating point (a trade-off λ): a tree (CSTC) or cascade (CSCC, Cronus) whose
+    node 0 is the root; children come after their parent."""
+
+    id: str
+    method: str = Field(description="cstc | cscc | cronus | root-only")
+    lam: float = Field(ge=0)
+    mean_cost: float = Field(ge=0, description="average cost per item on held-out rows")
+    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the hard walk")
+    nodes: list[CstcNode] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _tree(self) -> CstcPoint:
+        for index, node in enumerate(self.nodes):
+            for child in (node.upper, node.lower):
+                if child is not None and not index < child < len(self.nodes):
+                    raise ValueError(
+                        f"cstc point {self.id!r}: node {index} has child {child}; a child "
+                        f"must come after its parent and be one of the {len(self.nodes)} nodes"
+                    )
+            routes = node.upper is not None or node.lower is not None
+            if routes and not node.route_weights and node.features:
+                raise ValueError(f"cstc point {self.id!r}: node {index} routes without weights")
+        return self
+
+
+class CstcStrategy(StrategySpec):
+    """Cost-sensitive trees and cascades of classifiers (paper 003). Per request the budget
+    picks the most accurate point whose average cost fits (within ``tolerance``, the
+    cheapest); the item walks its nodes, each acquiring only its missing features, with the
+    budget as a hard cap (a node that cannot be paid for ends the walk at its parent)."""
+
+    kind: Literal["cstc"] = "cstc"
+    name: str = "cstc"
+    points: list[CstcPoint] = Field(min_length=1)
+    tolerance: float = Field(default=0.0, ge=0, le=1)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": True,
+            "points": [
+                {
+                    "id": p.id,
+                    "method": p.method,
+                    "lam": p.lam,
+                    "mean_cost": p.mean_cost,
+                    "accuracy": p.accuracy,
+                    "nodes": len(p.nodes),
+                }
+                for p in self.points
+            ],
+        }
+
+    def referenced_models(self) -> set[str]:
+        return {n.model for p in self.points for n in p.nodes}
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        for point in self.points:
+            for index, node in enumerate(point.nodes):
+                where = f"strategy {self.name!r}, point {point.id!r}, node {index}"
+                unknown = [f for f in node.features if f not in dims]
+                if unknown:
+                    raise ValueError(f"{where} reads undeclared extractors {unknown}")
+                if node.model in features_of and features_of[node.model] != set(node.features):
+                    raise ValueError(f"{where}: model {node.model!r} reads other features")
+                width = sum(dims[f] for f in node.features)
+                routes = node.upper is not None or node.lower is not None
+                if routes and len(node.route_weights) != width:
+                    raise ValueError(
+                        f"{where}: {len(node.route_weights)} route weights for {width} inputs"
+                    )
+
+
 class StructuredTemplate(_Strict):
     """A feature template of a structured strategy (paper 004): extractor ``{name}@{p}``
     computes it for part p; ``model`` scores it (ONNX: (n, dims) -> (n, labels), what the
@@ -663,6 +756,7 @@ Strategy = Annotated[
     | GreedyStrategy
     | DagStrategy
     | GatingStrategy
+    | CstcStrategy
     | StructuredOneShotStrategy
     | StructuredAnytimeStrategy,
     Field(discriminator="kind"),
@@ -672,6 +766,7 @@ AnyStrategy = (
     | GreedyStrategy
     | DagStrategy
     | GatingStrategy
+    | CstcStrategy
     | StructuredOneShotStrategy
     | StructuredAnytimeStrategy
 )

@@ -162,3 +162,12 @@ def gating_bundle(tmp_path_factory: pytest.TempPathFactory) -> GatingFixture:
 @pytest.fixture(scope="session")
 def gating_bundle_dir(gating_bundle: GatingFixture) -> Path:
     return gating_bundle.path
+
+
+@pytest.fixture(scope="session")
+def cstc_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real cstc bundle (paper 003; tabular, declared costs) built by the real builder
+    (see tests/support/cstc_bundle.py)."""
+    from tests.support.cstc_bundle import build
+
+    return build(tmp_path_factory.mktemp("cstc") / "trees").path

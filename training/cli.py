@@ -362,6 +362,7 @@ def _build_tabular(
 ) -> tuple[S, R, Path]:
     """Read a spec and its CSV, build the bundle into ``out`` (default models/<name>) on the
     executor; bad specs, data or export checks end the command with what was wrong."""
+    from training.bundles.cstc import CstcExportMismatch
     from training.data.tabular import read_csv
     from training.export.dag import DagExportMismatch
     from training.export.gating import GatingExportMismatch
@@ -383,7 +384,7 @@ def _build_tabular(
             result = build(target, spec, x, y, columns, executor=workers)
         except ValueError as exc:  # e.g. too few rows of a class to split or cross-validate
             raise typer.BadParameter(f"cannot build the bundle: {exc}") from None
-        except (DagExportMismatch, GatingExportMismatch) as exc:
+        except (DagExportMismatch, GatingExportMismatch, CstcExportMismatch) as exc:
             console.print(f"[red]export check failed, nothing written:[/] {exc}")
             raise typer.Exit(1) from None
     return spec, result, target
@@ -518,6 +519,74 @@ def gating(
             f"{point.accuracy:.3f}",
             f"{point.mean_cost:.2f}",
             f"{point.fraction_full:.0%}",
+        )
+    console.print(table)
+    console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
+
+
+@app.command()
+def cstc(
+    csv_path: CsvOption,
+    spec_path: SpecOption,
+    out: OutOption = None,
+    cascade: Annotated[
+        bool, typer.Option("--cascade", help="train cascades (CSCC and Cronus) instead of trees")
+    ] = False,
+    delimiter: DelimiterOption = None,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
+) -> None:
+    """Build a cost-sensitive tree (CSTC) or cascade (CSCC, Cronus) bundle (paper 003).
+
+    The spec names the label column, the sensors (name -> columns; each is read at its cost
+    in `unit`), and optionally `methods` (cstc, cscc, cronus, root-only), `lambdas`, `depth`,
+    `sharpness`, `rho`, `class_weight` and the serving `tolerance`.
+    """
+    from training.bundles.cstc import CstcSpec, build_cstc_bundle
+
+    def load(path: Path) -> CstcSpec:
+        spec = CstcSpec.load(path)
+        if cascade:
+            spec.cascade = True
+            if spec.methods is None or spec.methods == ["cstc", "root-only"]:
+                spec.methods = None
+            spec.check()
+        return spec
+
+    spec, result, target = _build_tabular(
+        load,
+        csv_path,
+        spec_path,
+        out,
+        open_executor(executor, address, n_jobs),
+        lambda spec, rows: (
+            f"training {len(spec.chosen_methods()) * len(spec.lambdas)} trees on {rows} rows"
+        ),
+        build_cstc_bundle,
+        delimiter,
+    )
+    table = Table(
+        "operating point",
+        "nodes",
+        "val accuracy",
+        "val cost",
+        "test accuracy",
+        "test cost",
+        "kept",
+        title=f"{spec.name}: cost-sensitive trees (costs in {spec.unit}; kept: validation "
+        "Pareto set)",
+    )
+    kept = {p.id for p in getattr(result.manifest.strategy("cstc"), "points", [])}
+    for p in result.points:
+        table.add_row(
+            p["id"],
+            str(p["nodes"]),
+            f"{p['validation_accuracy']:.3f}",
+            f"{p['validation_cost']:.2f}",
+            f"{p['test_accuracy']:.3f}",
+            f"{p['test_cost']:.2f}",
+            "yes" if p["id"] in kept else "",
         )
     console.print(table)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")

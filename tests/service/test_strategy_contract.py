@@ -33,6 +33,7 @@ CASES = [(b, s) for b in ("digits", "tiny") for s in STRATEGIES] + [
     ("router", "dag"),
     ("gating", "gating"),
     ("gating", "gate-0"),
+    ("cstc", "cstc"),
 ]
 ANYTIME = [case for case in CASES if case[1] != "polydom"]
 
@@ -43,6 +44,7 @@ def bundles(
     tiny_bundle_dir: Path,
     router_bundle_dir: Path,
     gating_bundle_dir: Path,
+    cstc_bundle_dir: Path,
 ) -> dict[str, Bundle]:
     return {
         name: load_bundle(path, max_pixels=1 << 24)
@@ -51,6 +53,7 @@ def bundles(
             ("tiny", tiny_bundle_dir),
             ("router", router_bundle_dir),
             ("gating", gating_bundle_dir),
+            ("cstc", cstc_bundle_dir),
         )
     }
 

@@ -1,0 +1,145 @@
+"""The cstc strategy (paper 003) served end to end: a bundle built by the real builder,
+loaded by the real app, sensors acquired from a real Redis; the served walk must be the
+trained model's (path, features acquired per node, cost, prediction) on held-out rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.bundle import CstcStrategy
+from service.cache import InProcessCache
+from service.http import create_app
+from service.settings import Settings
+from tests.support.cstc_bundle import COLUMNS, SENSORS, build
+from tests.support.sensor_store import SensorStore, StoreClient
+from training.bundles.cstc import CstcBuildResult
+
+pytestmark = pytest.mark.redis
+
+NAME = "trees"
+SENSOR_NAMES = list(SENSORS)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> CstcBuildResult:
+    return build(tmp_path_factory.mktemp("cstc") / NAME)
+
+
+@pytest.fixture
+def client(built: CstcBuildResult, redis_url: str) -> Iterator[StoreClient]:
+    store = SensorStore(redis_url, COLUMNS)
+    settings = Settings(models_dir=built.path.parent, sensor_sources={NAME: {"*": store.source()}})
+    app = create_app(settings, cache=InProcessCache(1 << 20))
+    with StoreClient(app) as c:
+        c.store = store
+        yield c
+
+
+def predict(
+    client: StoreClient, row: np.ndarray, budget: float, item_id: str | None = None
+) -> dict[str, Any]:
+    body = {"model": NAME, "item": client.store.item(row, item_id), "budget": budget}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def strategy(built: CstcBuildResult) -> CstcStrategy:
+    spec = built.manifest.strategy("cstc")
+    assert isinstance(spec, CstcStrategy)
+    return spec
+
+
+def check_walk(built: CstcBuildResult, body: dict[str, Any], row: np.ndarray) -> None:
+    """The served walk is the trained estimator's on this row."""
+    decision = body["decision"]
+    est = built.estimators[decision["point"]]
+    walk = est.walk(row.reshape(1, -1))[0]
+    assert decision["nodes"] == walk.path
+    assert decision["acquired"] == [[SENSOR_NAMES[g] for g in a] for a in walk.acquired]
+    assert body["cost"]["spent"] == pytest.approx(walk.cost)
+    assert sorted(body["cost"]["extracted"]) == sorted(
+        SENSOR_NAMES[g] for a in walk.acquired for g in a
+    )
+    assert body["prediction"] == est.predict(row.reshape(1, -1))[0]
+    proba = est.predict_proba(row.reshape(1, -1))[0]
+    served = np.asarray([body["probabilities"][str(c)] for c in est.classes_])
+    np.testing.assert_allclose(served, proba, atol=1e-4)
+    assert body["answered_by"] == f"{decision['point']}.n{walk.node}"
+    assert not decision["stopped_by_budget"]
+
+
+def test_served_walk_equals_the_trained_one(client: StoreClient, built: CstcBuildResult) -> None:
+    assert built.test_rows is not None
+    X_test, y_test = built.test_rows
+    best = max(strategy(built).points, key=lambda p: p.accuracy)
+    budget = 1000.0  # covers every path: the most accurate point, never cut short
+    correct = 0
+    for row, label in zip(X_test[:60], y_test[:60], strict=True):
+        body = predict(client, row, budget)
+        assert body["strategy"] == "cstc" and body["decision"]["point"] == best.id
+        check_walk(built, body, row)
+        assert len(body["path"]) == len(body["decision"]["nodes"])
+        correct += body["prediction"] == label
+    assert correct / 60 > 0.75  # held-out rows; the prior is ~0.4
+
+
+def test_budget_is_a_hard_cap_and_cached_features_are_free(
+    client: StoreClient, built: CstcBuildResult
+) -> None:
+    assert built.test_rows is not None
+    X_test, _ = built.test_rows
+    # The most accurate point's average cost: it is chosen, and rows whose path costs more
+    # than the average are cut short.
+    budget = max(strategy(built).points, key=lambda p: p.accuracy).mean_cost
+    cut = whole = 0
+    for i, row in enumerate(X_test[60:120]):
+        body = predict(client, row, budget, item_id=f"cap-{i}")
+        assert body["cost"]["spent"] <= budget + 1e-9
+        est = built.estimators[body["decision"]["point"]]
+        walk = est.walk(row.reshape(1, -1))[0]
+        if walk.cost <= budget:
+            check_walk(built, body, row)
+            whole += 1
+        else:  # the walk stopped at a node it could pay for, a prefix of the trained path
+            nodes = body["decision"]["nodes"]
+            assert body["decision"]["stopped_by_budget"]
+            assert nodes == walk.path[: len(nodes)]
+            cut += 1
+        # the same item again: its features come from the cache, at no cost
+        again = predict(client, row, 1000.0, item_id=f"cap-{i}")
+        assert set(again["cost"]["cached"]) >= set(body["cost"]["extracted"])
+        spent_again = sum(again["cost"]["charged"].values())
+        assert again["cost"]["spent"] == pytest.approx(spent_again)
+        assert not set(again["cost"]["extracted"]) & set(body["cost"]["extracted"])
+    assert whole > 0 and cut > 0, (whole, cut)
+
+
+def test_a_budget_below_the_root_answers_from_the_prior(
+    client: StoreClient, built: CstcBuildResult
+) -> None:
+    assert built.test_rows is not None
+    row = built.test_rows[0][0]
+    cheapest_root = min(
+        sum({"a": 1.0, "b": 2.0, "c": 4.0, "d": 8.0}[f] for f in p.nodes[0].features)
+        for p in strategy(built).points
+    )
+    assert cheapest_root > 0
+    body = predict(client, row, cheapest_root / 2, item_id="poor")
+    assert body["answered_by"] == "prior"
+    assert body["cost"]["spent"] == 0
+    assert body["decision"]["stopped_by_budget"] and body["decision"]["nodes"] == []
+    assert body["next_sensor"] is None
+
+
+def test_models_endpoint_describes_the_points(client: StoreClient, built: CstcBuildResult) -> None:
+    r = client.get(f"/models/{NAME}")
+    assert r.status_code == 200
+    text = r.text
+    for p in strategy(built).points:
+        assert p.id in text

@@ -1,0 +1,57 @@
+"""``budgetserve-train cstc --csv … --spec … [--cascade]`` builds a bundle the service loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from service.bundle import CstcStrategy, read_manifest
+from service.registry import load_bundle
+from tests.support.cstc_bundle import COLUMNS, COSTS, SENSORS, make_data
+from training.cli import app
+
+
+def test_cli_builds_trees_and_cascades(tmp_path: Path) -> None:
+    x, y = make_data(500, seed=3)
+    lines = [",".join([*COLUMNS, "label"])]
+    lines += [",".join([*map(str, row), str(label)]) for row, label in zip(x, y, strict=True)]
+    (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
+    spec: dict[str, Any] = {
+        "name": "trees2",
+        "label": "label",
+        "sensors": SENSORS,
+        "costs": COSTS,
+        "lambdas": [0.03, 0.3],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    for flags, methods in (([], {"cstc", "root-only"}), (["--cascade"], {"cscc", "cronus"})):
+        out = tmp_path / ("cascade" if flags else "tree") / "trees2"
+        result = CliRunner().invoke(
+            app,
+            [
+                "cstc",
+                "--csv",
+                str(tmp_path / "data.csv"),
+                "--spec",
+                str(tmp_path / "spec.json"),
+                "--out",
+                str(out),
+                *flags,
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        manifest = read_manifest(out)
+        strategy = manifest.strategy("cstc")
+        assert isinstance(strategy, CstcStrategy)
+        assert {p.method for p in strategy.points} <= methods
+        assert set(manifest.provenance.parameters["methods"]) == methods
+        assert load_bundle(out, max_pixels=1 << 20).runtimes["cstc"].kind == "cstc"
+    bad = {**spec, "methods": ["cstc", "oblique"]}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result = CliRunner().invoke(
+        app, ["cstc", "--csv", str(tmp_path / "data.csv"), "--spec", str(tmp_path / "bad.json")]
+    )
+    assert result.exit_code != 0 and "oblique" in result.output

@@ -1,0 +1,334 @@
+"""Build a CSTC / CSCC / Cronus bundle (paper 003) from tabular data: fit one tree (or
+cascade) per (method, λ), keep the validation Pareto set as one ``cstc`` strategy, export
+every node and check it.
+
+Each sensor is a cost group (its columns are read together, at its declared cost). What the
+bundle ships, and why: a node's *routing* (its weights on its sensors' values and its bias)
+is a manifest array, so the service computes the score with the same exactly rounded sum as
+the estimator and takes the same branch to the last bit, and the walk can be read and
+audited in the manifest; a node's *prediction* (softmax(κ·(xW + b)), the node's classifier)
+is an ONNX graph, one bundle model per node, so answers go through the same inference path
+as every other strategy (a node without features is a prior). Values are rounded to float32
+before training, as the sensor extractor serves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from service.bundle import CstcNode, CstcPoint, CstcStrategy, Manifest, ModelSpec, write_manifest
+from training.bundles.writer import bundle_version, provenance, staging
+from training.cstc import CSTCClassifier
+from training.cstc.estimator import ExportNode, softmax
+from training.data.tabular import TabularSpec, column_positions, fingerprint
+from training.executor import INLINE, Executor
+from training.export.gating import linear_softmax_onnx
+
+METHODS = ("cstc", "cscc", "cronus", "root-only")
+
+
+class CstcExportMismatch(RuntimeError):
+    """An exported node disagrees with the fitted one."""
+
+
+@dataclass
+class CstcSpec(TabularSpec):
+    """``budgetserve-train cstc`` reads this beside the CSV."""
+
+    methods: list[str] | None = None  # default: ["cstc", "root-only"]; cascade: ["cscc", ...]
+    cascade: bool = False
+    lambdas: list[float] = field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1])
+    depth: int = 3
+    sharpness: float = 10.0
+    rho: float = 0.001
+    n_rounds: int = 2
+    class_weight: str | None = None
+    tolerance: float = 0.0
+    pareto: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sensors, list):
+            self.sensors = {str(c): [str(c)] for c in self.sensors}
+
+    def chosen_methods(self) -> list[str]:
+        if self.methods is not None:
+            return list(self.methods)
+        return ["cscc", "cronus"] if self.cascade else ["cstc", "root-only"]
+
+    def check(self) -> None:
+        super().check()
+        unknown = [m for m in self.chosen_methods() if m not in METHODS]
+        if unknown:
+            raise ValueError(f"methods {unknown} are unknown; known: {list(METHODS)}")
+        if not self.lambdas or any(not isinstance(v, int | float) or v < 0 for v in self.lambdas):
+            raise ValueError(
+                f"lambdas must be a non-empty list of numbers >= 0, got {self.lambdas!r}"
+            )
+        if not isinstance(self.depth, int) or not 1 <= self.depth <= 8:
+            raise ValueError(f"depth must be an integer in [1, 8], got {self.depth!r}")
+        if not isinstance(self.sharpness, int | float) or self.sharpness <= 0:
+            raise ValueError(f"sharpness must be a number > 0, got {self.sharpness!r}")
+        if self.class_weight not in (None, "balanced"):
+            raise ValueError(f"class_weight must be null or 'balanced', got {self.class_weight!r}")
+
+
+@dataclass(frozen=True)
+class Config:
+    method: str
+    lam: float
+
+    @property
+    def id(self) -> str:
+        return f"{self.method}-l{self.lam:g}"
+
+
+def make_estimator(
+    spec: CstcSpec, config: Config, groups: list[list[int]], costs: list[float]
+) -> CSTCClassifier:
+    method = config.method
+    return CSTCClassifier(
+        costs=costs,
+        groups=groups,
+        lam=config.lam,
+        rho=spec.rho,
+        depth=1 if method == "root-only" else spec.depth,
+        structure="cascade" if method in ("cscc", "cronus") else "tree",
+        cost_model="cronus" if method == "cronus" else "paths",
+        sharpness=spec.sharpness,
+        n_rounds=spec.n_rounds,
+        class_weight=spec.class_weight,
+        random_state=spec.seed,
+    )
+
+
+def _fit(
+    spec: CstcSpec,
+    groups: list[list[int]],
+    costs: list[float],
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    config: Config,
+) -> CSTCClassifier:
+    return make_estimator(spec, config, groups, costs).fit(x, y)
+
+
+@dataclass
+class CstcBuildResult:
+    manifest: Manifest
+    path: Path
+    points: list[dict[str, Any]]
+    estimators: dict[str, CSTCClassifier] = field(default_factory=dict)
+    test_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]] | None = None
+
+
+def node_inputs(
+    node: ExportNode, groups: list[list[int]], d: int
+) -> tuple[list[int], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """A node's input columns (its sensors' columns, sensor order), its prediction weights
+    and routing weights over them."""
+    W = np.zeros((d, node.b.shape[0]))
+    r = np.zeros(d)
+    W[list(node.columns)] = node.W
+    r[list(node.columns)] = node.route_w
+    cols = [c for g in node.groups for c in groups[g]]
+    return cols, W[cols], r[cols]
+
+
+def build_cstc_bundle(
+    out_dir: Path,
+    spec: CstcSpec,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    columns: list[str],
+    *,
+    data_fingerprint: str | None = None,
+    executor: Executor = INLINE,
+) -> CstcBuildResult:
+    """Split, fit every (method, λ) on ``executor``, keep the validation Pareto set,
+    export, verify, write atomically. Points are chosen on validation rows; the accuracies
+    and costs written to the manifest are measured on test rows."""
+    spec.check()
+    positions = column_positions(spec, columns)
+    sensor_names = list(spec.sensors)
+    order = [c for s in sensor_names for c in positions[s]]
+    x = np.asarray(x[:, order], dtype=np.float32).astype(np.float64)
+    groups: list[list[int]] = []
+    start = 0
+    for s in sensor_names:
+        groups.append(list(range(start, start + len(positions[s]))))
+        start += len(positions[s])
+    sensor_costs = spec.sensor_costs()
+    costs = [sensor_costs[s] for s in sensor_names]
+    x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
+    classes = np.unique(y_train)
+    configs = [Config(m, float(lam)) for m in spec.chosen_methods() for lam in spec.lambdas]
+    fitted = executor.map(_fit, configs, shared=(spec, groups, costs, x_train, y_train))
+    rows: list[dict[str, Any]] = []
+    for config, est in zip(configs, fitted, strict=True):
+        rows.append(
+            {
+                "id": config.id,
+                "method": config.method,
+                "lam": config.lam,
+                "validation_accuracy": float(np.mean(est.predict(x_val) == y_val)),
+                "validation_cost": est.average_cost(x_val),
+                "test_accuracy": float(np.mean(est.predict(x_test) == y_test)),
+                "test_cost": est.average_cost(x_test),
+                "nodes": len(est.nodes_),
+            }
+        )
+    kept = _pareto(rows) if spec.pareto else rows
+    by_id = dict(zip((c.id for c in configs), fitted, strict=True))
+    prior = np.asarray([np.mean(y_train == c) for c in classes])
+    with staging(out_dir) as tmp:
+        models = [
+            ModelSpec(
+                id="prior",
+                features=[],
+                accuracy=float(np.mean(y_test == classes[int(np.argmax(prior))])),
+                prior=[float(p) for p in prior],
+                input_dims=0,
+            )
+        ]
+        points = []
+        for row in kept:
+            est = by_id[row["id"]]
+            nodes = []
+            for k, node in enumerate(est.export_nodes_):
+                model = _export_node(tmp, f"{row['id']}.n{k}", est, node, groups, sensor_names)
+                model = _with_accuracy(model, est, node, groups, x_test, y_test)
+                models.append(model)
+                cols, _, route = node_inputs(node, groups, x.shape[1])
+                nodes.append(
+                    CstcNode(
+                        model=model.id,
+                        features=[sensor_names[g] for g in node.groups],
+                        route_weights=[float(v) for v in route] if node.routes else [],
+                        route_bias=float(node.route_b),
+                        upper=node.upper,
+                        lower=node.lower,
+                    )
+                )
+                _verify(tmp, model, est, node, cols, x_test)
+            points.append(
+                CstcPoint(
+                    id=row["id"],
+                    method=row["method"],
+                    lam=row["lam"],
+                    mean_cost=row["test_cost"],
+                    accuracy=row["test_accuracy"],
+                    nodes=nodes,
+                )
+            )
+        manifest = Manifest(
+            name=spec.name,
+            version=bundle_version(tmp),
+            classes=[str(c) for c in classes],
+            cost_unit=spec.unit,
+            cost_basis="declared",
+            item=spec.item(),
+            extractors=spec.extractors(),
+            models=models,
+            strategies=[CstcStrategy(name="cstc", points=points, tolerance=spec.tolerance)],
+            default_strategy="cstc",
+            provenance=provenance(
+                data_fingerprint or fingerprint(x, y),
+                {
+                    "label": spec.label,
+                    "sensors": spec.sensors,
+                    "costs": sensor_costs,
+                    "methods": spec.chosen_methods(),
+                    "lambdas": spec.lambdas,
+                    "depth": spec.depth,
+                    "sharpness": spec.sharpness,
+                    "rho": spec.rho,
+                    "seed": spec.seed,
+                    "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
+                    "sweep": rows,
+                },
+            ),
+        )
+        write_manifest(tmp, manifest)
+    return CstcBuildResult(
+        manifest,
+        out_dir,
+        rows,
+        {r["id"]: by_id[r["id"]] for r in kept},
+        (x_test, y_test),
+    )
+
+
+def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for row in sorted(rows, key=lambda r: (r["validation_cost"], -r["validation_accuracy"])):
+        if not out or row["validation_accuracy"] > out[-1]["validation_accuracy"]:
+            out.append(row)
+    return out
+
+
+def _export_node(
+    folder: Path,
+    model_id: str,
+    est: CSTCClassifier,
+    node: ExportNode,
+    groups: list[list[int]],
+    sensor_names: list[str],
+) -> ModelSpec:
+    kappa = est.temperature_
+    features = [sensor_names[g] for g in node.groups]
+    if not node.columns:
+        p = softmax(kappa * node.b.reshape(1, -1))[0]
+        return ModelSpec(
+            id=model_id, features=[], accuracy=0.0, prior=[float(v) for v in p], input_dims=0
+        )
+    cols, W, _ = node_inputs(node, groups, est.n_features_in_)
+    file = f"{model_id}.onnx"
+    (folder / file).write_bytes(linear_softmax_onnx(kappa * W, kappa * node.b))
+    return ModelSpec(id=model_id, features=features, accuracy=0.0, file=file, input_dims=len(cols))
+
+
+def node_probabilities(
+    est: CSTCClassifier, node: ExportNode, X: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    h = X[:, list(node.columns)] @ node.W + node.b
+    return softmax(est.temperature_ * h)
+
+
+def _with_accuracy(
+    model: ModelSpec,
+    est: CSTCClassifier,
+    node: ExportNode,
+    groups: list[list[int]],
+    X: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+) -> ModelSpec:
+    """The node's classifier alone, on every test row (what a fallback to it is worth)."""
+    pred = est.classes_[np.argmax(node_probabilities(est, node, X), axis=1)]
+    return model.model_copy(update={"accuracy": float(np.mean(pred == y))})
+
+
+def _verify(
+    folder: Path,
+    model: ModelSpec,
+    est: CSTCClassifier,
+    node: ExportNode,
+    cols: list[int],
+    X: npt.NDArray[np.float64],
+) -> None:
+    if model.file is None:
+        return
+    session = ort.InferenceSession(str(folder / model.file), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"features": X[:, cols].astype(np.float32)})[0]
+    want = node_probabilities(est, node, X)
+    worst = float(np.max(np.abs(got - want))) if len(X) else 0.0
+    if worst > 1e-4:
+        raise CstcExportMismatch(
+            f"node model {model.id!r}: ONNX probabilities differ from the fitted node's by "
+            f"{worst:.2e} (> 1e-4) on held-out rows; nothing was written"
+        )
