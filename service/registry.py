@@ -243,6 +243,10 @@ def _warm_up(
         if manifest.item.kind == "image"
         else dict.fromkeys(manifest.item.columns, 0.0)
     )
+    if manifest.item.kind == "tokens":
+        from service.extractors.parsing import blank_sentence
+
+        blank = blank_sentence()
     features = {}
     for name, extractor in extractors.items():
         try:

@@ -302,3 +302,65 @@ class ParseLex(_Template):
 def blank_sentence() -> Sentence:
     """A two-token sentence to warm plugins up with."""
     return Sentence(["a", "b"], ["DET", "NOUN"])
+
+
+#: Per-word inputs of the template-assignment policies (see :func:`policy_features`).
+POLICY_FEATURES = len(UPOS) + 2 * N_TAGS + 6
+
+
+def policy_features(sentence: Sentence) -> npt.NDArray[np.float64]:
+    """The cheap per-word features a policy decides from, shape (n, POLICY_FEATURES): the
+    word's tag, its neighbours' tags (root / sentence edge included), its relative
+    position, the sentence's length, and the share of verbs and the distance to the nearest
+    verb — POS and positions only, nothing lexical."""
+    n = len(sentence)
+    tags = sentence.tags
+    x = np.zeros((n, POLICY_FEATURES))
+    rows = np.arange(n)
+    x[rows, tags[2 : n + 2]] = 1.0
+    x[rows, len(UPOS) + tags[1 : n + 1]] = 1.0
+    x[rows, len(UPOS) + N_TAGS + tags[3 : n + 3]] = 1.0
+    base = len(UPOS) + 2 * N_TAGS
+    position = np.arange(1, n + 1)
+    verbs = np.flatnonzero(np.isin(tags[2 : n + 2], _VERBS)) + 1
+    if len(verbs):
+        nearest = np.abs(position[:, None] - verbs[None, :]).min(axis=1)
+    else:
+        nearest = np.full(n, 10)
+    x[:, base] = position / n
+    x[:, base + 1] = min(n, 60) / 60.0
+    x[:, base + 2] = 1.0 / n
+    x[:, base + 3] = len(verbs) / n
+    x[:, base + 4] = np.minimum(nearest, 10) / 10.0
+    x[:, base + 5] = (nearest == 0).astype(np.float64)
+    return x
+
+
+class ParseWords:
+    """The policies' per-word features of a whole sentence (:func:`policy_features`),
+    padded to ``max_tokens`` rows."""
+
+    name: ClassVar[str] = "parse_words"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "tokens"
+
+    def __init__(self, *, max_tokens: int) -> None:
+        if not 0 < max_tokens <= 4096:
+            raise ValueError(f"max_tokens must be in 1 … 4096, got {max_tokens}")
+        self.max_tokens = max_tokens
+
+    @property
+    def dims(self) -> int:
+        return self.max_tokens * POLICY_FEATURES
+
+    def extract(self, item: Any) -> FloatVector:
+        if not isinstance(item, Sentence):
+            raise TypeError(f"a parsing template reads a Sentence, got {type(item).__name__}")
+        n = len(item)
+        if n > self.max_tokens:
+            raise ValueError(
+                f"the sentence has {n} tokens, more than max_tokens ({self.max_tokens})"
+            )
+        out = np.zeros((self.max_tokens, POLICY_FEATURES), dtype=np.float32)
+        out[:n] = policy_features(item)
+        return out.reshape(-1)

@@ -3,6 +3,7 @@
 from service.strategies import dag as dag
 from service.strategies import gating as gating
 from service.strategies import greedy as greedy
+from service.strategies import parsing as parsing
 from service.strategies import polydom as polydom
 
-__all__ = ["dag", "gating", "greedy", "polydom"]
+__all__ = ["dag", "gating", "greedy", "parsing", "polydom"]

@@ -6,7 +6,8 @@ maximises the sum of the chosen edges' scores over all trees rooted at 0 (non-pr
 trees included). With ``single_root`` exactly one token hangs from the root, as in
 Universal Dependencies: every root edge is lowered by more than any tree's score range, so
 a tree with k root edges loses to every tree with fewer, and among the trees with one root
-edge the order is unchanged (exact, not a heuristic). Checked against enumerating every
+edge the order is unchanged (exact, not a heuristic). That second decode runs only when the
+unconstrained best tree has several root children. Checked against enumerating every
 tree in ``tests/training/parsing``.
 """
 
@@ -39,7 +40,7 @@ def _find_cycle(heads: list[int]) -> list[int] | None:
 
 def _mst(scores: FloatMatrix) -> IntVector:
     m = scores.shape[0]
-    heads = scores.argmax(axis=0).astype(np.int64)
+    heads: IntVector = scores.argmax(axis=0).astype(np.int64)
     heads[0] = -1
     cycle = _find_cycle(heads.tolist())
     if cycle is None:
@@ -50,19 +51,20 @@ def _mst(scores: FloatMatrix) -> IntVector:
     rest = np.flatnonzero(~in_cycle)
     k = len(rest)
     contracted = np.full((k + 1, k + 1), -np.inf)
-    contracted[:k, :k] = scores[np.ix_(rest, rest)]
+    from_rest = scores[rest]
+    contracted[:k, :k] = from_rest[:, rest]
     # Entering the cycle at v from u: replace v's cycle edge by u → v.
-    enter = scores[np.ix_(rest, cyc)] - scores[heads[cyc], cyc][None, :]
+    enter = from_rest[:, cyc] - scores[heads[cyc], cyc][None, :]
     best_in = enter.argmax(axis=1)
     contracted[:k, k] = enter[np.arange(k), best_in]
     # Leaving the cycle to w: the best cycle node as its head.
-    leave = scores[np.ix_(cyc, rest)]
+    leave = scores[cyc][:, rest]
     best_out = leave.argmax(axis=0)
     contracted[k, :k] = leave[best_out, np.arange(k)]
     contracted[:, 0] = -np.inf
     contracted[k, k] = -np.inf
     sub = _mst(contracted)
-    out = heads.copy()
+    out: IntVector = heads.copy()
     for idx in range(1, k):  # rest[0] is the root (node 0 is never in a cycle)
         h = int(sub[idx])
         out[rest[idx]] = rest[h] if h < k else cyc[best_out[idx]]
@@ -78,14 +80,15 @@ def chu_liu_edmonds(scores: FloatMatrix, *, single_root: bool = True) -> IntVect
     if scores.shape != (m, m) or m < 2:
         raise ValueError(f"scores must be (n+1) x (n+1) with n >= 1, got {scores.shape}")
     s = np.array(scores, dtype=np.float64)
-    edges = ~np.eye(m, dtype=bool)
-    edges[:, 0] = False
-    finite = s[edges]
-    if single_root and m > 2:
-        spread = float(finite.max() - finite.min()) if finite.size else 0.0
-        s[0, 1:] -= (m - 1) * spread + 1.0
     np.fill_diagonal(s, -np.inf)
     s[:, 0] = -np.inf
+    heads = _mst(s)
+    if not single_root or m <= 2 or int((heads[1:] == 0).sum()) == 1:
+        return heads  # the best tree has one root child: it is the best such tree too
+    finite = s[1:, 1:][~np.eye(m - 1, dtype=bool)]
+    low = min(float(finite.min()) if finite.size else 0.0, float(s[0, 1:].min()))
+    high = max(float(finite.max()) if finite.size else 0.0, float(s[0, 1:].max()))
+    s[0, 1:] -= (m - 1) * (high - low) + 1.0
     return _mst(s)
 
 

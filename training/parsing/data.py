@@ -40,9 +40,15 @@ class Treebank:
         )
 
 
-def read_split(split: str, data_dir: Path = DEFAULT_DIR, max_tokens: int | None = None) -> Treebank:
+def read_split(
+    split: str,
+    data_dir: Path = DEFAULT_DIR,
+    max_tokens: int | None = None,
+    limit: int | None = None,
+) -> Treebank:
     """One split (``train``, ``dev`` or ``test``); sentences longer than ``max_tokens`` are
-    dropped when it is given (the count dropped is in the fingerprint)."""
+    dropped when it is given (the count dropped is in the fingerprint); with ``limit``,
+    only the first ``limit`` sentences kept are read."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     path = data_dir / f"en_ewt-ud-{split}.conllu.gz"
@@ -56,6 +62,8 @@ def read_split(split: str, data_dir: Path = DEFAULT_DIR, max_tokens: int | None 
     dropped = 0
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         for tokenlist in conllu.parse_incr(handle):
+            if limit is not None and len(sentences) >= limit:
+                break
             tokens = [t for t in tokenlist if isinstance(t["id"], int)]
             if not tokens:
                 continue
@@ -65,7 +73,8 @@ def read_split(split: str, data_dir: Path = DEFAULT_DIR, max_tokens: int | None 
             sentences.append(Sentence([t["form"] for t in tokens], [t["upos"] for t in tokens]))
             heads.append(np.asarray([-1, *(int(t["head"]) for t in tokens)], dtype=np.int64))
     digest = hashlib.sha256(raw).hexdigest()[:16]
-    return Treebank(sentences, heads, f"ewt-{split}:{digest}:dropped={dropped}")
+    limited = "" if limit is None else f":first={len(sentences)}"
+    return Treebank(sentences, heads, f"ewt-{split}:{digest}:dropped={dropped}{limited}")
 
 
 def uas(predicted: list[npt.NDArray[np.int64]], gold: list[npt.NDArray[np.int64]]) -> float:

@@ -32,7 +32,7 @@ def is_tree(heads: np.ndarray) -> bool:
             steps += 1
         if v != 0:
             return False
-    return heads[0] == -1
+    return bool(heads[0] == -1)
 
 
 def brute_force(scores: np.ndarray, single_root: bool) -> float:
