@@ -23,6 +23,7 @@ def main() -> None:
         extractors,
         fixed_server,
         gating,
+        parsing,
         polydom,
         service,
     )
@@ -36,6 +37,7 @@ def main() -> None:
         ("calibration", lambda: calibration.main()),
         ("dag", lambda: dag.main()),
         ("gating", lambda: gating.main()),
+        ("parsing", lambda: parsing.main([])),
         ("service", lambda: service.main()),
         ("fixed server", lambda: fixed_server.main()),
     ):
