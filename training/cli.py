@@ -422,6 +422,13 @@ def parser(
         int, typer.Option(min=1, help="dev sentences the policies learn from (the rest measure)")
     ] = 1500,
     seed: Annotated[int, typer.Option()] = 0,
+    weights: Annotated[
+        Path | None,
+        typer.Option(
+            help="reuse trained edge weights (an earlier build's weights.npy) instead of "
+            "training; the policies are still learned"
+        ),
+    ] = None,
 ) -> None:
     """Build the dependency-parser bundle (paper 004, parsing) from the EWT treebank: the
     arc-factored parser over random template states, one-shot, anytime, myopic and uniform
@@ -439,10 +446,11 @@ def parser(
         buckets=buckets,
         policy_sentences=policy_sentences,
         seed=seed,
+        weights=weights,
     )
     try:
         evaluation = build_parser_bundle(out, config, log=console.print)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     table = Table("strategy", "point", "dev UAS", "ψ^Full share")
     for name, points in evaluation["points"].items():

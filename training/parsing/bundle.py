@@ -14,6 +14,7 @@ measured here, and ``evaluation.json`` (training history, dev numbers).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -73,6 +74,7 @@ class ParserBuildConfig:
     policy_sentences: int = 1500
     calibration_limit: int | None = None  # dev sentences the points are measured on (None: rest)
     seed: int = 0
+    weights: Path | None = None  # reuse trained edge weights (a float32 .npy) instead of training
 
 
 def _uas_of(
@@ -167,10 +169,20 @@ def build_parser_bundle(
     calib_set = dev.subset(order[config.policy_sentences :][: config.calibration_limit])
     if len(calib_set) == 0:
         raise ValueError("policy_sentences leaves no dev sentence to measure the points on")
-    log(f"parser: {len(train)} training sentences, {config.epochs} epochs")
-    parser = ArcFactoredParser(buckets=config.buckets, epochs=config.epochs, seed=config.seed).fit(
-        train
-    )
+    parser = ArcFactoredParser(buckets=config.buckets, epochs=config.epochs, seed=config.seed)
+    if config.weights is None:
+        log(f"parser: {len(train)} training sentences, {config.epochs} epochs")
+        parser.fit(train)
+    else:
+        coef = np.load(config.weights, allow_pickle=False)
+        if coef.shape != (config.buckets,) or coef.dtype != np.float32:
+            raise ValueError(
+                f"{config.weights} holds {coef.dtype} {coef.shape}; expected float32 "
+                f"({config.buckets},): the weights.npy of a bundle built with these buckets"
+            )
+        log(f"parser: weights from {config.weights} (not retrained)")
+        parser.coef_ = coef
+        parser.history_ = []
     policy_problems = parse_problems(parser, policy_set.sentences, policy_set.heads)
     calib_problems = parse_problems(parser, calib_set.sentences, calib_set.heads)
 
@@ -329,6 +341,9 @@ def build_parser_bundle(
                     "max_tokens": config.max_tokens,
                     "policy_sentences": config.policy_sentences,
                     "seed": config.seed,
+                    "weights_from": None
+                    if config.weights is None
+                    else hashlib.sha256(config.weights.read_bytes()).hexdigest()[:16],
                 },
             ),
         )
