@@ -26,6 +26,7 @@ def main() -> None:
         fixed_server,
         gating,
         ocr,
+        parsing,
         polydom,
         service,
     )
@@ -41,6 +42,7 @@ def main() -> None:
         ("gating", lambda: gating.main()),
         ("ocr (structured)", lambda: ocr.main([])),
         ("cstc", lambda: cstc.main([])),
+        ("parsing", lambda: parsing.main([])),
         ("service", lambda: service.main()),
         ("fixed server", lambda: fixed_server.main()),
         ("batch", lambda: batch.main()),

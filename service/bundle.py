@@ -750,6 +750,82 @@ class StructuredAnytimeStrategy(_StructuredStrategy):
         return out
 
 
+ParserPolicy = Literal["oneshot", "anytime", "myopic", "uniform-word", "uniform-sentence"]
+
+
+class ParserPoint(_Strict):
+    """One operating point of a parser strategy: how its policy gives words ψ^Full, and what
+    it delivered on held-out sentences (``uas``, ``full_fraction``: the share of words that
+    got ψ^Full)."""
+
+    id: str
+    policy_file: BundleFile | None = Field(
+        default=None,
+        description="oneshot / anytime: float64 .npy of the linear word policy, shape "
+        "(policy_features + 1,), intercept last; a word scoring > 0 gets ψ^Full (oneshot); "
+        "anytime upgrades words by decreasing score while the budget lasts",
+    )
+    threshold: float = Field(
+        default=0.0,
+        allow_inf_nan=False,
+        description="myopic: ψ^Full for every word when the all-ψ^POS parse's mean margin "
+        "is below this; uniform-word / uniform-sentence: the probability of ψ^Full per word "
+        "/ per sentence",
+    )
+    full_fraction: float = Field(ge=0, le=1)
+    uas: float = Field(ge=0, le=1, description="held-out unlabelled attachment score")
+
+
+class ParserStrategy(StrategySpec):
+    """Dependency parsing under a time budget (paper 004): an arc-factored parser whose
+    words each get ψ^POS or ψ^Full (extractors ``pos@i`` / ``lex@i``, ψ^Full = both), chosen
+    by ``policy``; decoded by Chu–Liu–Edmonds. Per request the runtime serves the most
+    accurate point whose expected cost at the sentence's length fits the budget."""
+
+    kind: Literal["parser"] = "parser"
+    name: str = "parser"
+    policy: ParserPolicy
+    weights: BundleFile = Field(description="float32 .npy of the hashed edge weights")
+    buckets: int = Field(ge=2, description="length of the weight array (a power of two)")
+    max_tokens: int = Field(ge=1)
+    policy_features: int = Field(ge=1, description="dims per word of the 'words' extractor")
+    decode_cost: CostPolynomial = Field(description="scoring + decoding time at n tokens")
+    points: list[ParserPoint] = Field(min_length=1)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "anytime": self.policy == "anytime",
+            "policy": self.policy,
+            "max_tokens": self.max_tokens,
+            "points": [p.model_dump(exclude={"policy_file"}) for p in self.points],
+        }
+
+    def referenced_models(self) -> set[str]:
+        return set()
+
+    def check_extractors(
+        self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
+    ) -> None:
+        needed = {"words": self.max_tokens * self.policy_features}
+        for i in range(self.max_tokens + 1):
+            needed[f"pos@{i}"] = -1
+            if i:
+                needed[f"lex@{i}"] = -1
+        missing = sorted(set(needed) - set(dims))
+        if missing:
+            raise ValueError(
+                f"strategy {self.name!r} needs extractors {missing[:5]}"
+                f"{' …' if len(missing) > 5 else ''} (one pos@i and lex@i per word position)"
+            )
+        if dims["words"] != needed["words"]:
+            raise ValueError(
+                f"strategy {self.name!r}: extractor 'words' has {dims['words']} dims, "
+                f"expected max_tokens x policy_features = {needed['words']}"
+            )
+
+
 # New strategy kinds join this union; the discriminator is ``kind``.
 Strategy = Annotated[
     PolyDomStrategy
@@ -758,7 +834,8 @@ Strategy = Annotated[
     | GatingStrategy
     | CstcStrategy
     | StructuredOneShotStrategy
-    | StructuredAnytimeStrategy,
+    | StructuredAnytimeStrategy
+    | ParserStrategy,
     Field(discriminator="kind"),
 ]
 AnyStrategy = (
@@ -769,6 +846,7 @@ AnyStrategy = (
     | CstcStrategy
     | StructuredOneShotStrategy
     | StructuredAnytimeStrategy
+    | ParserStrategy
 )
 
 
@@ -780,15 +858,20 @@ class ItemSpec(_Strict):
     client has; the other sensors are acquired by ``id`` or named as missing), size = 1.
     ``letters``: ``{"id"?, "letters": [16 x 8 0/1 rows, or a base64 PNG, per letter]}``,
     size = the number of letters (at most ``max_letters``).
+    ``tokens``: ``{"id"?, "tokens": [{"form": str, "upos": str}, ...]}``, a sentence for a
+    parser, size = number of tokens (at most ``max_tokens``).
     """
 
-    kind: Literal["image", "tabular", "letters"] = "image"
+    kind: Literal["image", "tabular", "letters", "tokens"] = "image"
     max_pixels: int = Field(default=1 << 22, ge=1)
     min_side: int = Field(default=8, ge=1, description="smallest width or height accepted")
     columns: list[str] = Field(default_factory=list, description="tabular: the value names")
     size_unit: str = "pixels"
     max_letters: int = Field(
         default=14, ge=1, description="letters: the most letters a word may have"
+    )
+    max_tokens: int = Field(
+        default=120, ge=1, description="tokens: the longest sentence accepted (413 beyond)"
     )
 
     @model_validator(mode="after")
@@ -810,8 +893,12 @@ class Manifest(_Strict):
     format_version: Literal[1] = FORMAT_VERSION
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     version: str
-    task: Literal["classification"] = "classification"
-    classes: list[str] = Field(min_length=2)
+    task: Literal["classification", "parsing"] = Field(
+        default="classification",
+        description="parsing: the answer is a dependency tree (heads per token), not a class; "
+        "such bundles have no classes and no models",
+    )
+    classes: list[str] = Field(default_factory=list)
     cost_unit: str = "ms"
     cost_basis: Literal["measured", "declared"] = Field(
         default="measured",
@@ -820,13 +907,15 @@ class Manifest(_Strict):
     )
     item: ItemSpec
     extractors: list[ExtractorSpec]
-    models: list[ModelSpec] = Field(min_length=1)
+    models: list[ModelSpec] = Field(default_factory=list)
     strategies: list[Strategy] = Field(min_length=1)
     default_strategy: str = Field(description="name of the strategy used when a request names none")
     provenance: Provenance
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
+        if self.task == "classification" and (len(self.classes) < 2 or not self.models):
+            raise ValueError("a classification bundle needs at least 2 classes and 1 model")
         names = [e.name for e in self.extractors]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate extractor names in {names}")

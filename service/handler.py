@@ -295,17 +295,25 @@ class PredictHandler:
         manifest = bundle.manifest
         labels = manifest.classes
         probs = run.probabilities
-        answer = manifest.model(run.answer)
+        if manifest.task == "parsing":
+            # A tree, not a class: the heads (CoNLL-U HEAD column) as the prediction; each
+            # token's head, score and template are in ``decision``.
+            prediction = " ".join(str(int(h)) for h in probs.tolist())
+            probabilities: dict[str, float] = {}
+            features = sorted(run.extracted)
+            accuracy = run.expected_accuracy or 0.0
+        else:
+            answer = manifest.model(run.answer)
+            prediction = labels[int(np.argmax(probs))] if run.prediction is None else run.prediction
+            probabilities = {c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)}
+            features = list(answer.features)
+            accuracy = answer.accuracy if run.expected_accuracy is None else run.expected_accuracy
         return PredictResponse(
             model=manifest.name,
-            prediction=(
-                labels[int(np.argmax(probs))] if run.prediction is None else run.prediction
-            ),
-            probabilities={c: float(p) for c, p in zip(labels, probs.tolist(), strict=True)},
-            features=list(answer.features),
-            expected_accuracy=(
-                answer.accuracy if run.expected_accuracy is None else run.expected_accuracy
-            ),
+            prediction=prediction,
+            probabilities=probabilities,
+            features=features,
+            expected_accuracy=accuracy,
             strategy=strategy,
             model_version=manifest.version,
             answered_by=run.answer,

@@ -337,6 +337,77 @@ def _names(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
 
 
+TOKENS_KEY_SCHEME = "tok1"
+MAX_FORM_CHARS = 200
+
+
+class TokenInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    form: str = Field(min_length=1, max_length=MAX_FORM_CHARS)
+    upos: str = Field(min_length=1, max_length=16)
+
+
+class TokensItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, min_length=1, max_length=256)
+    tokens: list[TokenInput] = Field(min_length=1)
+
+
+class TokensDecoder:
+    """``{"id"?, "tokens": [{"form": str, "upos": str}, ...]}`` → a
+    :class:`service.extractors.parsing.Sentence`; size = number of tokens.
+
+    More tokens than ``max_tokens`` is a 413 (checked before anything else is validated, so
+    a huge list is refused cheaply); an empty list, a missing field or a tag that is not one
+    of the 17 universal POS tags a 422 naming the token. The cache key is a digest of the
+    forms and tags."""
+
+    def __init__(self, spec: ItemSpec) -> None:
+        self.max_tokens = spec.max_tokens
+
+    def heavy(self, item: Any) -> bool:
+        return False
+
+    def decode(self, item: Any) -> DecodedItem:
+        from service.extractors.parsing import UPOS, UPOS_ID, Sentence
+
+        if not isinstance(item, dict):
+            raise InvalidItem(
+                f"'item' must be an object with 'tokens' (and optional 'id'), "
+                f"got {type(item).__name__}"
+            )
+        tokens = item.get("tokens")
+        if isinstance(tokens, list) and len(tokens) > self.max_tokens:
+            raise ItemTooLarge(
+                f"the sentence has {len(tokens)} tokens; the limit is {self.max_tokens}: "
+                "split it into shorter sentences",
+                tokens=len(tokens),
+                limit=self.max_tokens,
+            )
+        try:
+            parsed = TokensItem.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidItem(f"invalid tokens item: {_describe(exc)}") from None
+        bad = [(i, t.upos) for i, t in enumerate(parsed.tokens) if t.upos not in UPOS_ID]
+        if bad:
+            shown = ", ".join(f"item.tokens.{i}.upos = {_clip(tag)!r}" for i, tag in bad[:_LISTED])
+            raise InvalidItem(
+                f"{len(bad)} token(s) have a tag that is not a universal POS tag: {shown}; "
+                f"use one of {', '.join(UPOS)}",
+                tokens=[i for i, _ in bad[:_LISTED]],
+            )
+        forms = [t.form for t in parsed.tokens]
+        upos = [t.upos for t in parsed.tokens]
+        content = "\x1f".join(f"{f}\x1e{u}" for f, u in zip(forms, upos, strict=True))
+        return DecodedItem(
+            data=Sentence(forms, upos),
+            size=len(forms),
+            key=content_key(TOKENS_KEY_SCHEME, content.encode("utf-8"), parsed.id),
+        )
+
+
 def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
     if spec.kind == "image":
         return ImageDecoder(spec, max_pixels)
@@ -344,4 +415,6 @@ def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
         from service.letter_items import LettersDecoder
 
         return LettersDecoder(spec)
+    if spec.kind == "tokens":
+        return TokensDecoder(spec)
     return TabularDecoder(spec)

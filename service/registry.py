@@ -318,6 +318,10 @@ def _warm_up(
     )
     if manifest.item.kind == "letters":
         blank = np.zeros((manifest.item.max_letters, 16, 8), dtype=np.float32)
+    if manifest.item.kind == "tokens":
+        from service.extractors.parsing import blank_sentence
+
+        blank = blank_sentence()
     features = {}
     for name, extractor in extractors.items():
         try:

@@ -592,6 +592,61 @@ def cstc(
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
+def parser(
+    out: Annotated[Path, typer.Option(help="bundle folder to (re)write")] = Path(
+        "models/ewt-parser"
+    ),
+    data_dir: Annotated[
+        Path, typer.Option(help="folder of en_ewt-ud-{train,dev,test}.conllu.gz")
+    ] = Path("../shared/datasets/ud-english-ewt"),
+    epochs: Annotated[int, typer.Option(min=1, help="perceptron epochs")] = 5,
+    train_limit: Annotated[
+        int | None, typer.Option(min=1, help="train on the first N sentences only")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=2, max=400, help="longest sentence")] = 120,
+    buckets: Annotated[int, typer.Option(min=2, help="hashed weights (a power of two)")] = 1 << 20,
+    policy_sentences: Annotated[
+        int, typer.Option(min=1, help="dev sentences the policies learn from (the rest measure)")
+    ] = 1500,
+    seed: Annotated[int, typer.Option()] = 0,
+    weights: Annotated[
+        Path | None,
+        typer.Option(
+            help="reuse trained edge weights (an earlier build's weights.npy) instead of "
+            "training; the policies are still learned"
+        ),
+    ] = None,
+) -> None:
+    """Build the dependency-parser bundle (paper 004, parsing) from the EWT treebank: the
+    arc-factored parser over random template states, one-shot, anytime, myopic and uniform
+    policies choosing ψ^POS or ψ^Full per word."""
+    from training.parsing.bundle import ParserBuildConfig, build_parser_bundle
+
+    if buckets & (buckets - 1):
+        raise typer.BadParameter(f"--buckets must be a power of two, got {buckets}")
+    config = ParserBuildConfig(
+        name=out.name,
+        data_dir=data_dir,
+        epochs=epochs,
+        train_limit=train_limit,
+        max_tokens=max_tokens,
+        buckets=buckets,
+        policy_sentences=policy_sentences,
+        seed=seed,
+        weights=weights,
+    )
+    try:
+        evaluation = build_parser_bundle(out, config, log=console.print)
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    table = Table("strategy", "point", "dev UAS", "ψ^Full share")
+    for name, points in evaluation["points"].items():
+        for point in points:
+            table.add_row(name, point["id"], f"{point['uas']:.4f}", f"{point['full_fraction']:.3f}")
+    console.print(table)
+    console.print(f"[bold]{out.name}[/] written to {out}")
+
+
 @app.command()
 def sample(
     side: Annotated[int, typer.Option(min=8, max=2048, help="image side in pixels")] = 64,

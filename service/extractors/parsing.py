@@ -1,0 +1,366 @@
+"""Dependency-parsing feature templates (paper 004, Section 4) as extractor plugins.
+
+A sentence (:class:`Sentence`: word forms and universal POS tags, token 0 being the
+artificial root) is parsed by a first-order, arc-factored model: the score of the edge
+head → dependent is ``w · ψ(head, dependent)``, with the template ψ chosen per *head word*
+(every edge a word heads shares its template), as in the paper:
+
+* ψ^POS (:func:`pos_features`): the POS tags of the head, the dependent and their
+  neighbours, the direction and distance of the edge, and counts of verbs, punctuation and
+  conjunctions between them (McDonald et al. 2005's first-order POS features, with counts
+  in place of every in-between tag);
+* ψ^Full = ψ^POS + ψ^Lex (:func:`lex_features`): the lower-cased word forms of the head,
+  the dependent and their neighbours, alone and conjoined with the tags.
+
+Features are hashed into a fixed number of buckets (``buckets``, a power of two), so a
+model is one fixed-size weight array; a template returns the bucket ids of every edge a
+head heads. Training (``training/parsing``) and the service compute them with these same
+functions.
+
+The plugins :class:`ParsePOS` and :class:`ParseLex` compute one template for one head word
+(``params: {"word": i, ...}``): the bundle declares one extractor per (template, word
+position), so the serving loop acquires — and charges the measured time of — exactly the
+(word, template) pairs the policy chose, the paper's state S ∈ {0,1}^{K × |C|}.
+Their vector holds, for dependent j = 0 … max_tokens, the ``features`` bucket ids of the
+edge word → j as float32 (exact below 2^24), -1 for padding.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from service.extractors.base import FloatVector
+
+IntArray = npt.NDArray[np.int64]
+
+#: The 17 universal POS tags (UD v2); an item's ``upos`` must be one of them.
+UPOS: tuple[str, ...] = (
+    "ADJ",
+    "ADP",
+    "ADV",
+    "AUX",
+    "CCONJ",
+    "DET",
+    "INTJ",
+    "NOUN",
+    "NUM",
+    "PART",
+    "PRON",
+    "PROPN",
+    "PUNCT",
+    "SCONJ",
+    "SYM",
+    "VERB",
+    "X",
+)
+UPOS_ID = {tag: i for i, tag in enumerate(UPOS)}
+ROOT_TAG = len(UPOS)  # the artificial root's tag
+EDGE_TAG = len(UPOS) + 1  # before the first / after the last token
+N_TAGS = len(UPOS) + 2
+
+#: Hash buckets of a model (2^20 weights); ids stay exact as float32 (< 2^24).
+DEFAULT_BUCKETS = 1 << 20
+MAX_BUCKETS = 1 << 24
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_SHIFT = np.uint64(29)
+_U64 = (1 << 64) - 1
+_VERBS = (UPOS_ID["VERB"], UPOS_ID["AUX"])
+_PUNCT = (UPOS_ID["PUNCT"],)
+_CONJ = (UPOS_ID["CCONJ"], UPOS_ID["SCONJ"])
+_ROOT_FORM = 0x7F4A7C15
+_EDGE_FORM = 0x2545F491
+
+
+def form_id(form: str) -> int:
+    """A stable 32-bit id of a word form (lower-cased; CRC-32, the same in every process)."""
+    return zlib.crc32(form.lower().encode("utf-8"))
+
+
+@dataclass
+class Sentence:
+    """A tokenised sentence: ``forms`` and ``upos`` of tokens 1 … n (token 0 is the root).
+
+    Tag ids are computed at once; the form ids lazily, by the first lexical template that
+    needs them (so their cost is charged to ψ^Lex, not to decoding)."""
+
+    forms: Sequence[str]
+    upos: Sequence[str]
+    tags: IntArray = field(init=False, repr=False)
+    _form_ids: IntArray | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.forms) != len(self.upos):
+            raise ValueError(f"{len(self.forms)} forms but {len(self.upos)} tags")
+        unknown = sorted({t for t in self.upos if t not in UPOS_ID})
+        if unknown:
+            raise ValueError(f"unknown UPOS tags {unknown}; expected one of {list(UPOS)}")
+        # Padded: tags[0] = edge, tags[1] = root, tags[k + 1] = token k, tags[n + 2] = edge.
+        self.tags = np.asarray(
+            [EDGE_TAG, ROOT_TAG, *(UPOS_ID[t] for t in self.upos), EDGE_TAG], dtype=np.int64
+        )
+
+    def __len__(self) -> int:
+        return len(self.forms)
+
+    @property
+    def form_ids(self) -> IntArray:
+        """Form ids, padded like ``tags``."""
+        if self._form_ids is None:
+            self._form_ids = np.asarray(
+                [_EDGE_FORM, _ROOT_FORM, *(form_id(f) for f in self.forms), _EDGE_FORM],
+                dtype=np.int64,
+            )
+        return self._form_ids
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tags.nbytes) + sum(len(f) for f in self.forms)
+
+
+def _hash(code: int, parts: Sequence[IntArray], shape: tuple[int, ...], mask: int) -> IntArray:
+    h = np.full(shape, (code * int(_MIX) + 1) & _U64, dtype=np.uint64)
+    for part in parts:
+        h ^= part.astype(np.uint64)
+        h *= _MIX
+        h ^= h >> _SHIFT
+    return (h & np.uint64(mask)).astype(np.int64)
+
+
+class _Edges:
+    """Per-edge quantities for heads ``hh`` (column) × dependents ``dd`` (row)."""
+
+    def __init__(self, sentence: Sentence, heads: IntArray, deps: IntArray) -> None:
+        self.hh = heads.reshape(-1, 1)
+        self.dd = deps.reshape(1, -1)
+        self.shape = (self.hh.shape[0], self.dd.shape[1])
+        tags = sentence.tags
+        self.hp = tags[self.hh + 1]
+        self.hp_l = tags[self.hh]
+        self.hp_r = tags[self.hh + 2]
+        self.dp = tags[self.dd + 1]
+        self.dp_l = tags[self.dd]
+        self.dp_r = tags[self.dd + 2]
+        dist = np.abs(self.dd - self.hh)
+        bucket = np.where(dist <= 5, dist, np.where(dist <= 10, 6, 7))
+        self.right = (self.dd > self.hh).astype(np.int64)
+        self.db = self.right * 8 + bucket
+
+
+def _between_counts(sentence: Sentence, edges: _Edges, tags: tuple[int, ...]) -> IntArray:
+    """How many tokens strictly between head and dependent have one of ``tags``, capped at 3."""
+    hit = np.isin(sentence.tags[1:-1], tags).astype(np.int64)  # tokens 0 … n
+    cum = np.concatenate(([0], np.cumsum(hit)))  # cum[k] = hits among tokens < k
+    lo = np.minimum(edges.hh, edges.dd)
+    hi = np.maximum(edges.hh, edges.dd)
+    count: IntArray = cum[hi] - cum[lo + 1]
+    return np.minimum(np.maximum(count, 0), 3)
+
+
+POS_FEATURES = 20
+LEX_FEATURES = 16
+
+
+def pos_features(
+    sentence: Sentence, heads: IntArray, deps: IntArray, buckets: int = DEFAULT_BUCKETS
+) -> IntArray:
+    """ψ^POS bucket ids, shape (len(heads), len(deps), POS_FEATURES)."""
+    e = _Edges(sentence, heads, deps)
+    m = buckets - 1
+    s = e.shape
+    verbs = _between_counts(sentence, e, _VERBS)
+    punct = _between_counts(sentence, e, _PUNCT)
+    conj = _between_counts(sentence, e, _CONJ)
+    feats = [
+        _hash(1, [e.db], s, m),
+        _hash(2, [e.hp, e.db], s, m),
+        _hash(3, [e.dp, e.db], s, m),
+        _hash(4, [e.hp, e.dp], s, m),
+        _hash(5, [e.hp, e.dp, e.db], s, m),
+        _hash(6, [e.hp], s, m),
+        _hash(7, [e.dp], s, m),
+        _hash(8, [e.hp, e.hp_r, e.dp_l, e.dp, e.right], s, m),
+        _hash(9, [e.hp_l, e.hp, e.dp_l, e.dp, e.right], s, m),
+        _hash(10, [e.hp, e.hp_r, e.dp, e.dp_r, e.right], s, m),
+        _hash(11, [e.hp_l, e.hp, e.dp, e.dp_r, e.right], s, m),
+        _hash(12, [e.hp, e.hp_r, e.dp, e.db], s, m),
+        _hash(13, [e.hp_l, e.hp, e.dp, e.db], s, m),
+        _hash(14, [e.hp, e.dp_l, e.dp, e.db], s, m),
+        _hash(15, [e.hp, e.dp, e.dp_r, e.db], s, m),
+        _hash(16, [e.hp, e.dp, verbs, e.right], s, m),
+        _hash(17, [e.hp, e.dp, punct, e.right], s, m),
+        _hash(18, [e.hp, e.dp, conj, e.right], s, m),
+        _hash(19, [e.hp, e.dp, verbs, punct, e.db], s, m),
+        _hash(20, [e.hp_l, e.hp, e.hp_r, e.dp_l, e.dp, e.dp_r], s, m),
+    ]
+    return np.stack(feats, axis=-1)
+
+
+def lex_features(
+    sentence: Sentence, heads: IntArray, deps: IntArray, buckets: int = DEFAULT_BUCKETS
+) -> IntArray:
+    """ψ^Lex bucket ids (ψ^Full = ψ^POS + ψ^Lex), shape (len(heads), len(deps), LEX_FEATURES)."""
+    e = _Edges(sentence, heads, deps)
+    forms = sentence.form_ids
+    hw = forms[e.hh + 1]
+    hw_l = forms[e.hh]
+    hw_r = forms[e.hh + 2]
+    dw = forms[e.dd + 1]
+    dw_l = forms[e.dd]
+    dw_r = forms[e.dd + 2]
+    m = buckets - 1
+    s = e.shape
+    feats = [
+        _hash(101, [hw], s, m),
+        _hash(102, [dw], s, m),
+        _hash(103, [hw, e.hp], s, m),
+        _hash(104, [dw, e.dp], s, m),
+        _hash(105, [hw, dw], s, m),
+        _hash(106, [hw, e.dp, e.db], s, m),
+        _hash(107, [e.hp, dw, e.db], s, m),
+        _hash(108, [hw, e.hp, e.dp], s, m),
+        _hash(109, [e.hp, dw, e.dp], s, m),
+        _hash(110, [hw, e.hp, dw, e.dp], s, m),
+        _hash(111, [hw, dw, e.right], s, m),
+        _hash(112, [hw_l, e.hp, e.dp, e.right], s, m),
+        _hash(113, [hw_r, e.hp, e.dp, e.right], s, m),
+        _hash(114, [dw_l, e.hp, e.dp, e.right], s, m),
+        _hash(115, [dw_r, e.hp, e.dp, e.right], s, m),
+        _hash(116, [hw, dw_l, dw_r, e.dp], s, m),
+    ]
+    return np.stack(feats, axis=-1)
+
+
+class _Template:
+    """One template for one head word; see the module docstring."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "tokens"
+    width: ClassVar[int]
+
+    def __init__(self, *, word: int, max_tokens: int, buckets: int = DEFAULT_BUCKETS) -> None:
+        if not 0 < max_tokens <= 4096:
+            raise ValueError(f"max_tokens must be in 1 … 4096, got {max_tokens}")
+        if not 0 <= word <= max_tokens:
+            raise ValueError(f"word must be in 0 … max_tokens ({max_tokens}), got {word}")
+        if buckets < 2 or buckets > MAX_BUCKETS or buckets & (buckets - 1):
+            raise ValueError(f"buckets must be a power of two in 2 … 2^24, got {buckets}")
+        self.word = word
+        self.max_tokens = max_tokens
+        self.buckets = buckets
+
+    @property
+    def dims(self) -> int:
+        return (self.max_tokens + 1) * self.width
+
+    def ids(self, sentence: Sentence) -> IntArray:
+        raise NotImplementedError
+
+    def extract(self, item: Any) -> FloatVector:
+        if not isinstance(item, Sentence):
+            raise TypeError(f"a parsing template reads a Sentence, got {type(item).__name__}")
+        n = len(item)
+        if n > self.max_tokens:
+            raise ValueError(
+                f"the sentence has {n} tokens, more than max_tokens ({self.max_tokens})"
+            )
+        out = np.full((self.max_tokens + 1, self.width), -1.0, dtype=np.float32)
+        if self.word <= n:
+            out[1 : n + 1] = self.ids(item)[0]
+        return out.reshape(-1)
+
+
+class ParsePOS(_Template):
+    """ψ^POS of the edges one word heads."""
+
+    name: ClassVar[str] = "parse_pos"
+    width: ClassVar[int] = POS_FEATURES
+
+    def ids(self, sentence: Sentence) -> IntArray:
+        deps = np.arange(1, len(sentence) + 1)
+        return pos_features(sentence, np.asarray([self.word]), deps, self.buckets)
+
+
+class ParseLex(_Template):
+    """ψ^Lex of the edges one word heads (ψ^Full = ψ^POS + this)."""
+
+    name: ClassVar[str] = "parse_lex"
+    width: ClassVar[int] = LEX_FEATURES
+
+    def ids(self, sentence: Sentence) -> IntArray:
+        deps = np.arange(1, len(sentence) + 1)
+        return lex_features(sentence, np.asarray([self.word]), deps, self.buckets)
+
+
+def blank_sentence() -> Sentence:
+    """A two-token sentence to warm plugins up with."""
+    return Sentence(["a", "b"], ["DET", "NOUN"])
+
+
+#: Per-word inputs of the template-assignment policies (see :func:`policy_features`).
+POLICY_FEATURES = len(UPOS) + 2 * N_TAGS + 6
+
+
+def policy_features(sentence: Sentence) -> npt.NDArray[np.float64]:
+    """The cheap per-word features a policy decides from, shape (n, POLICY_FEATURES): the
+    word's tag, its neighbours' tags (root / sentence edge included), its relative
+    position, the sentence's length, and the share of verbs and the distance to the nearest
+    verb — POS and positions only, nothing lexical."""
+    n = len(sentence)
+    tags = sentence.tags
+    x = np.zeros((n, POLICY_FEATURES))
+    rows = np.arange(n)
+    x[rows, tags[2 : n + 2]] = 1.0
+    x[rows, len(UPOS) + tags[1 : n + 1]] = 1.0
+    x[rows, len(UPOS) + N_TAGS + tags[3 : n + 3]] = 1.0
+    base = len(UPOS) + 2 * N_TAGS
+    position = np.arange(1, n + 1)
+    verbs = np.flatnonzero(np.isin(tags[2 : n + 2], _VERBS)) + 1
+    if len(verbs):
+        nearest = np.abs(position[:, None] - verbs[None, :]).min(axis=1)
+    else:
+        nearest = np.full(n, 10)
+    x[:, base] = position / n
+    x[:, base + 1] = min(n, 60) / 60.0
+    x[:, base + 2] = 1.0 / n
+    x[:, base + 3] = len(verbs) / n
+    x[:, base + 4] = np.minimum(nearest, 10) / 10.0
+    x[:, base + 5] = (nearest == 0).astype(np.float64)
+    return x
+
+
+class ParseWords:
+    """The policies' per-word features of a whole sentence (:func:`policy_features`),
+    padded to ``max_tokens`` rows."""
+
+    name: ClassVar[str] = "parse_words"
+    version: ClassVar[str] = "1"
+    item_kind: ClassVar[str] = "tokens"
+
+    def __init__(self, *, max_tokens: int) -> None:
+        if not 0 < max_tokens <= 4096:
+            raise ValueError(f"max_tokens must be in 1 … 4096, got {max_tokens}")
+        self.max_tokens = max_tokens
+
+    @property
+    def dims(self) -> int:
+        return self.max_tokens * POLICY_FEATURES
+
+    def extract(self, item: Any) -> FloatVector:
+        if not isinstance(item, Sentence):
+            raise TypeError(f"a parsing template reads a Sentence, got {type(item).__name__}")
+        n = len(item)
+        if n > self.max_tokens:
+            raise ValueError(
+                f"the sentence has {n} tokens, more than max_tokens ({self.max_tokens})"
+            )
+        out = np.zeros((self.max_tokens, POLICY_FEATURES), dtype=np.float32)
+        out[:n] = policy_features(item)
+        return out.reshape(-1)

@@ -1,0 +1,315 @@
+"""Dependency parsing under a time budget (paper 004) as a strategy runtime.
+
+The parts are the words of a sentence, the templates ψ^POS and ψ^Full; a state says which
+words have ψ^Full (every edge a word heads uses its template). The session acquires
+extractors through the serving loop, so each (word, template) pair is charged its measured
+time: ``words`` (the policies' per-word features), ``pos@i`` for every head i = 0 … n (the
+root included) and ``lex@i`` for the words given ψ^Full. Then it scores the edges with the
+bundle's hashed weights and decodes the tree with Chu–Liu–Edmonds.
+
+Policies (``ParserStrategy.policy``), each over the same generic "parts × templates" state:
+
+* ``oneshot``: a linear policy on each word's features picks the ψ^Full words before any
+  template is computed (the paper's one-shot policy, trained on pseudo-labels);
+* ``anytime``: all words start at ψ^POS, then words are upgraded by decreasing policy score
+  while the measured budget lasts (the paper's Alg. 2, one score shared by all steps);
+* ``myopic``: parse with ψ^POS everywhere; when the mean margin of the heads is below the
+  point's threshold, ψ^Full for every word and parse again (two decodes);
+* ``uniform-word`` / ``uniform-sentence``: ψ^Full per word / per sentence with the point's
+  probability (seeded by the sentence's content, so a sentence always gets the same draw).
+
+Budgets are hard caps as in the other runtimes: a ψ^Lex acquisition that no longer fits
+(with the decode still to pay) is skipped, and once the measured time passes the budget the
+serving loop's fallback decodes from what is in hand (a word with no template scores 0).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.bundle import ParserPoint, ParserStrategy
+from service.errors import BundleError
+from service.extractors.parsing import POLICY_FEATURES
+from service.inference import bundle_file
+from service.strategies.base import (
+    Acquire,
+    Answer,
+    Observation,
+    Session,
+    Step,
+    StrategyRuntime,
+    affordable,
+    register_strategy,
+)
+from service.strategies.chu_liu_edmonds import chu_liu_edmonds
+from service.types import FloatVector
+
+FloatArray = npt.NDArray[np.float64]
+WORDS = "words"
+
+
+def pos_name(word: int) -> str:
+    return f"pos@{word}"
+
+
+def lex_name(word: int) -> str:
+    return f"lex@{word}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParseAnswer(Answer):
+    """The answer of a parser session: the tree and how it was reached."""
+
+    heads: tuple[int, ...] = ()
+    scores: tuple[float, ...] = ()
+    templates: tuple[str, ...] = ()
+
+
+@dataclass
+class _Plan:
+    """What a session has decided so far."""
+
+    chosen: list[int] = field(default_factory=list)  # words the policy gave ψ^Full
+    queue: list[str] = field(default_factory=list)  # acquisitions left, in order
+    decided: bool = False
+
+
+class ParserSession(Session):
+    def __init__(
+        self, runtime: ParserRuntime, point: ParserPoint, n: int, per_feature: dict[str, float]
+    ) -> None:
+        self.rt = runtime
+        self.point = point
+        self.n = n
+        self.lex_cost = per_feature.get(lex_name(1), 0.0)
+        self.decode_cost = runtime.spec.decode_cost(n)
+        self.plan = _Plan()
+        self.expected_accuracy = point.uas
+        self.planned = (
+            per_feature.get(WORDS, 0.0) * (runtime.spec.policy in ("oneshot", "anytime"))
+            + sum(per_feature.get(pos_name(i), 0.0) for i in range(n + 1))
+            + point.full_fraction * n * self.lex_cost
+            + self.decode_cost
+        )
+        self.myopic_margin: float | None = None
+        self.drawn = runtime.spec.policy not in ("uniform-word", "uniform-sentence")
+        self.result: ParseAnswer | None = None
+        self.decode_ms = 0.0
+
+    # -- the plan -------------------------------------------------------------------------
+    def _decide(self, features: Mapping[str, FloatVector]) -> None:
+        """Fill the queue once the policy's inputs are in hand."""
+        rt, n, policy = self.rt, self.n, self.rt.spec.policy
+        pos = [pos_name(i) for i in range(n + 1)]
+        if policy in ("oneshot", "anytime"):
+            scores = rt.word_scores(self.point, features[WORDS], n)
+            order = [int(i) + 1 for i in np.argsort(-scores, kind="stable")]
+            if policy == "oneshot":
+                order = [w for w in order if scores[w - 1] > 0]
+            self.plan.chosen = order
+        self.plan.queue = pos + [lex_name(w) for w in self.plan.chosen]
+        self.plan.decided = True
+
+    def _draw(self, features: Mapping[str, FloatVector]) -> None:
+        """The uniform baselines' draw, seeded by the sentence's content (its ψ^POS ids)."""
+        n = self.n
+        rng = np.random.default_rng(zlib.crc32(features[pos_name(1)].tobytes()) + n)
+        if self.rt.spec.policy == "uniform-word":
+            picked = rng.random(n) < self.point.threshold
+        else:
+            picked = np.full(n, bool(rng.random() < self.point.threshold))
+        self.plan.chosen = [int(i) + 1 for i in np.flatnonzero(picked)]
+        self.plan.queue = [lex_name(w) for w in self.plan.chosen]
+
+    def step(self, obs: Observation) -> Step:
+        features = obs.features
+        policy = self.rt.spec.policy
+        if not self.plan.decided:
+            if policy in ("oneshot", "anytime") and WORDS not in features:
+                return Acquire(WORDS)
+            self._decide(features)
+        while True:
+            queue = self.plan.queue
+            while queue and queue[0] in features:
+                queue.pop(0)
+            if queue:
+                name = queue[0]
+                if name.startswith("lex@") and not affordable(
+                    self.lex_cost + self.decode_cost, obs.remaining, obs.budget
+                ):
+                    queue.clear()  # the budget no longer covers an upgrade and the decode
+                    continue
+                return Acquire(name)
+            if not self.drawn and pos_name(1) in features:
+                self.drawn = True
+                self._draw(features)
+                continue
+            if policy == "myopic" and self.myopic_margin is None:
+                self.myopic_margin = self._margin(features)
+                if self.myopic_margin < self.point.threshold:
+                    self.plan.chosen = list(range(1, self.n + 1))
+                    self.plan.queue = [lex_name(w) for w in self.plan.chosen]
+                    continue
+            return self._answer(features)
+
+    def fallback(self, obs: Observation) -> Answer:
+        return self._answer(obs.features)
+
+    # -- decoding -------------------------------------------------------------------------
+    def _margin(self, features: Mapping[str, FloatVector]) -> float:
+        """Mean over words of (best - second best) head score with the templates in hand."""
+        t0 = time.perf_counter()
+        matrix, _ = self.rt.score_matrix(features, self.n)
+        ordered = np.sort(matrix[:, 1:], axis=0)
+        self.decode_ms += (time.perf_counter() - t0) * 1000.0
+        return float(np.mean(ordered[-1] - ordered[-2])) if self.n > 1 else float("inf")
+
+    def _answer(self, features: Mapping[str, FloatVector]) -> ParseAnswer:
+        t0 = time.perf_counter()
+        matrix, templates = self.rt.score_matrix(features, self.n)
+        heads = chu_liu_edmonds(matrix)
+        scores = matrix[heads[1:], np.arange(1, self.n + 1)]
+        self.decode_ms += (time.perf_counter() - t0) * 1000.0
+        self.result = ParseAnswer(
+            model=self.point.id,
+            heads=tuple(int(h) for h in heads[1:]),
+            scores=tuple(float(s) for s in scores),
+            templates=tuple(templates[1:]),
+        )
+        return self.result
+
+    def report(self) -> dict[str, Any] | None:
+        r = self.result
+        if r is None:
+            return None
+        return {
+            "kind": "parser",
+            "policy": self.rt.spec.policy,
+            "point": self.point.id,
+            "heads": list(r.heads),
+            "tokens": [
+                {"head": h, "score": s, "template": t}
+                for h, s, t in zip(r.heads, r.scores, r.templates, strict=True)
+            ],
+            "policy_full": sorted(self.plan.chosen),
+            "root_template": "pos",
+            "myopic_margin": self.myopic_margin,
+            "decode_ms": self.decode_ms,
+        }
+
+
+@register_strategy
+class ParserRuntime(StrategyRuntime[ParserStrategy]):
+    kind = "parser"
+
+    def setup(self) -> None:
+        spec = self.spec
+        if self.bundle_dir is None:
+            raise BundleError("a parser strategy needs its bundle folder to load its weights")
+        self.weights = self._load(spec.weights, "parser weights", (spec.buckets,)).astype(
+            np.float64
+        )
+        if spec.policy_features != POLICY_FEATURES:
+            raise BundleError(
+                f"parser strategy {spec.name!r}: policy_features is {spec.policy_features}, "
+                f"this service computes {POLICY_FEATURES}; rebuild the bundle"
+            )
+        self.policies: dict[str, FloatArray] = {}
+        for point in spec.points:
+            if spec.policy in ("oneshot", "anytime"):
+                if point.policy_file is None:
+                    raise BundleError(
+                        f"parser strategy {spec.name!r}: point {point.id!r} has no policy_file"
+                    )
+                self.policies[point.id] = self._load(
+                    point.policy_file, f"policy of {point.id!r}", (POLICY_FEATURES + 1,)
+                )
+        # Most accurate first; ``choose`` takes the first whose expected cost fits.
+        self.points = sorted(spec.points, key=lambda p: (-p.uas, p.full_fraction))
+
+    def _load(self, file: str, what: str, shape: tuple[int, ...]) -> FloatArray:
+        assert self.bundle_dir is not None
+        path = bundle_file(self.bundle_dir, file, f"parser strategy {self.spec.name!r}: {what}")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{what}: cannot read {file!r}: {exc}") from exc
+        if array.shape != shape or not np.all(np.isfinite(array)):
+            raise BundleError(f"{what}: {file!r} has shape {array.shape}, expected {shape}")
+        return np.asarray(array, dtype=np.float64)
+
+    def word_scores(self, point: ParserPoint, words: FloatVector, n: int) -> FloatArray:
+        coef = self.policies[point.id]
+        x = words.reshape(-1, POLICY_FEATURES)[:n].astype(np.float64)
+        scores: FloatArray = x @ coef[:-1] + coef[-1]
+        return scores
+
+    def score_matrix(
+        self, features: Mapping[str, FloatVector], n: int
+    ) -> tuple[FloatArray, list[str]]:
+        """Edge scores from the templates in hand, and each head's template."""
+        m = self.spec.max_tokens + 1
+        matrix = np.full((n + 1, n + 1), -np.inf)
+        templates = []
+        for h in range(n + 1):
+            pos = features.get(pos_name(h))
+            lex = features.get(lex_name(h)) if h else None
+            if pos is None:
+                matrix[h, 1:] = 0.0
+                templates.append("none")
+                continue
+            ids = pos.reshape(m, -1)[1 : n + 1].astype(np.int64)
+            row = self.weights[ids].sum(axis=-1)
+            if lex is not None:
+                row = row + self.weights[lex.reshape(m, -1)[1 : n + 1].astype(np.int64)].sum(
+                    axis=-1
+                )
+            matrix[h, 1:] = row
+            templates.append("full" if lex is not None else "pos")
+        return matrix, templates
+
+    def choose(self, n: int, budget: float, per_feature: dict[str, float]) -> ParserPoint:
+        """The most accurate point whose expected cost at ``n`` tokens fits ``budget``."""
+        base = sum(per_feature.get(pos_name(i), 0.0) for i in range(n + 1))
+        base += per_feature.get(WORDS, 0.0) + self.spec.decode_cost(n)
+        lex = per_feature.get(lex_name(1), 0.0)
+        for point in self.points:
+            if base + point.full_fraction * n * lex <= budget:
+                return point
+        return min(self.points, key=lambda p: p.full_fraction)
+
+    def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
+        per_feature = self.costs.at(size)
+        return ParserSession(self, self.choose(size, budget, per_feature), size, per_feature)
+
+    def predict(self, answer: Answer, features: Mapping[str, FloatVector]) -> FloatVector:
+        """The heads of the parse (the session decoded it), as float32."""
+        if not isinstance(answer, ParseAnswer):
+            raise TypeError(f"a parser answers with a ParseAnswer, got {answer!r}")
+        return np.asarray(answer.heads, dtype=np.float32)
+
+    def skyline(self, size: int) -> list[tuple[float, float, str]]:
+        per_feature = self.costs.at(size)
+        base = sum(per_feature.get(pos_name(i), 0.0) for i in range(size + 1))
+        base += per_feature.get(WORDS, 0.0) + self.spec.decode_cost(size)
+        lex = per_feature.get(lex_name(1), 0.0)
+        out: list[tuple[float, float, str]] = []
+        for cost, uas, pid in sorted(
+            (base + p.full_fraction * size * lex, p.uas, p.id) for p in self.points
+        ):
+            if not out or uas > out[-1][1]:
+                out.append((cost, uas, pid))
+        return out
+
+    def skyline_features(self, entry: str) -> list[str]:
+        return []
+
+    def answerable(self) -> list[str]:
+        return [p.id for p in self.points]
