@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -122,6 +123,13 @@ class Settings(BaseSettings):
                 f"exceed BUDGETSERVE_CALIBRATION_WINDOW ({self.calibration_window})"
             )
         return self
+
+    accounting: Literal["deadline", "work"] = Field(
+        default="deadline",
+        description="how a measured (ms) budget is counted when a request does not say: "
+        "'deadline' from the request's receipt (decoding, cache and the wait for a thread "
+        "charged; under load answers get cheaper, not later), 'work' only the work done for it",
+    )
 
     overhead_reserve_ms: float = Field(
         default=0.5,

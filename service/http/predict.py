@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import BackgroundTasks, Depends, Request
 
+from service.http.middleware import received_at
 from service.http.schemas import PredictRequest
 from service.http.state import AppState, app_state
 from service.metrics import UNKNOWN_MODEL
@@ -24,7 +25,13 @@ async def predict(
     metrics = state.metrics
     with metrics.request_latency.labels(model=label).time():
         response, writes = await handler.predict(
-            body.model, body.item, body.size, body.budget, body.strategy
+            body.model,
+            body.item,
+            body.size,
+            body.budget,
+            body.strategy,
+            accounting=body.accounting,
+            received=received_at(request.scope),
         )
     metrics.requests.labels(model=label, status="ok").inc()
     background.add_task(handler.write_back, writes)
