@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import BackgroundTasks, Depends, Request
+from fastapi import BackgroundTasks, Depends, Request, Response
 
 from service.http.middleware import received_at
 from service.http.schemas import PredictRequest
 from service.http.state import AppState, app_state
 from service.metrics import UNKNOWN_MODEL
-from service.schemas import PredictResponse
 
 
 async def predict(
@@ -18,7 +17,10 @@ async def predict(
     request: Request,
     background: BackgroundTasks,
     state: Annotated[AppState, Depends(app_state)],
-) -> PredictResponse:
+) -> Response:
+    """The body is a ``service.schemas.PredictResponse`` (the route's ``response_model``,
+    which documents it), serialized once by pydantic-core: returned as the model, FastAPI
+    would validate it again, turn it into plain objects and encode those with ``json``."""
     handler = state.loaded_handler()
     label = body.model if body.model in state.loaded_registry().bundles else UNKNOWN_MODEL
     request.state.model_label = label
@@ -35,4 +37,4 @@ async def predict(
         )
     metrics.requests.labels(model=label, status="ok").inc()
     background.add_task(handler.write_back, writes)
-    return response
+    return Response(response.model_dump_json(), media_type="application/json")
