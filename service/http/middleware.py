@@ -39,9 +39,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # The receipt a deadline budget counts from: the app's first sight of the request
-        # (its head parsed; the body is read below, and charged).
-        scope[RECEIVED_KEY] = time.perf_counter()
+        # The receipt a deadline budget counts from: when the protocol got its first bytes
+        # (``service.server``), else the app's first sight of it (its head parsed; the body
+        # is read below, and charged).
+        scope.setdefault(RECEIVED_KEY, time.perf_counter())
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
