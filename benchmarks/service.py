@@ -248,6 +248,7 @@ def load(
     spec = {
         "port": port,
         "path": path,
+        "method": "POST" if templates else "GET",
         "templates": templates,
         "duration_s": duration_s,
         "warmup_s": 0.5,

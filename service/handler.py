@@ -330,8 +330,8 @@ class PredictHandler:
             if raw is not None and len(raw) == 4 * dims:
                 found[name] = np.frombuffer(raw, dtype=np.float32)
         hits = len(found)
-        self.metrics.cache.labels(result="hit").inc(hits)
-        self.metrics.cache.labels(result="miss").inc(len(names) - hits)
+        self.metrics.child(self.metrics.cache, result="hit").inc(hits)
+        self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
         return found
 
     @staticmethod
@@ -382,18 +382,18 @@ class PredictHandler:
         )
 
     def _observe_extraction(self, name: str, seconds: float) -> None:
-        self.metrics.extraction.labels(extractor=name).observe(seconds)
+        self.metrics.child(self.metrics.extraction, extractor=name).observe(seconds)
 
     def _observe_inference(self, bundle: str, seconds: float) -> None:
-        self.metrics.inference.labels(model=bundle).observe(seconds)
+        self.metrics.child(self.metrics.inference, model=bundle).observe(seconds)
 
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics
-        m.spent.labels(model=response.model).observe(response.cost.spent)
-        m.budget.labels(model=response.model).observe(response.cost.budget)
+        m.child(m.spent, model=response.model).observe(response.cost.spent)
+        m.child(m.budget, model=response.model).observe(response.cost.budget)
         utilisation = response.cost.spent / response.cost.budget
-        m.utilisation.labels(model=response.model).observe(utilisation)
+        m.child(m.utilisation, model=response.model).observe(utilisation)
         if response.deadline_exceeded:
-            m.budget_exceeded.labels(model=response.model).inc()
+            m.child(m.budget_exceeded, model=response.model).inc()
         for sensor in response.unavailable:
             m.sensor_unavailable.labels(model=response.model, sensor=sensor).inc()

@@ -25,7 +25,7 @@ async def predict(
     label = body.model if body.model in state.loaded_registry().bundles else UNKNOWN_MODEL
     request.state.model_label = label
     metrics = state.metrics
-    with metrics.request_latency.labels(model=label).time():
+    with metrics.child(metrics.request_latency, model=label).time():
         response, writes = await handler.predict(
             body.model,
             body.item,
@@ -35,6 +35,6 @@ async def predict(
             accounting=body.accounting,
             received=received_at(request.scope),
         )
-    metrics.requests.labels(model=label, status="ok").inc()
+    metrics.child(metrics.requests, model=label, status="ok").inc()
     background.add_task(handler.write_back, writes)
     return Response(response.model_dump_json(), media_type="application/json")

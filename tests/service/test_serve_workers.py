@@ -122,6 +122,11 @@ def test_small_requests_on_a_reused_connection_with_two_workers(two_workers: int
                 status, payload = _read_response(conn)
                 times[sent].append(time.perf_counter() - t0)
                 assert status == 200, payload
+                if sent is request:
+                    # the protocol stamped the receipt: the deadline counts from it
+                    answer = json.loads(payload)
+                    assert answer["cost"]["accounting"] == "deadline"
+                    assert answer["timings_ms"]["since_received"] >= answer["cost"]["spent"]
     for sent, label in ((request, "predict"), (health, "healthz")):
         p50 = sorted(times[sent][1:])[20]
         assert p50 < 0.02, f"{label} p50 {p50 * 1e3:.1f} ms on a reused connection (Nagle: ~40 ms)"
