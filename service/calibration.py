@@ -35,6 +35,39 @@ after ``window`` new requests: a machine that becomes slower or faster (thermal 
 noisy neighbours, a new instance type) is tracked, and a mis-profiled bundle adapts within
 a few hundred requests.
 
+A slow extractor, or a busy machine
+-----------------------------------
+Under concurrent load an extraction's wall time counts the time its thread waited for a CPU
+or for the GIL. Calibrating to that wall time ratchets: the p95 factors of the extractors that
+ran during a burst inflate (×17 was seen), the planner stops choosing them, so they are never
+timed again, and the service stays degraded after the load is gone. So :meth:`record` takes
+the extraction's *thread CPU time* beside its wall time when the caller has it
+(``service.execution`` measures both): the per-extractor ratios are formed from the CPU time
+(what the extractor costs on this machine, however busy it is), and wall/CPU feeds one
+machine-wide *contention* estimate instead: the ratio of running means of wall and CPU time
+(weight ``contention_weight`` per extraction, so long extractions count for more than a
+20 µs one that lost its CPU for a few ms), at most ``contention_max``, decaying toward 1 with
+a half-life of ``contention_half_life_s`` when nothing is extracted. (Time spent waiting
+before an extraction, for a thread or for the event loop, is not contention: deadline
+accounting charges it directly, ``service.handler``.) Planning multiplies every curve by the
+contention: a busy machine makes every extractor dearer alike, so requests buy cheaper plans
+while it lasts, and the plans come back as soon as the extractions are quick again (a
+uniform factor also keeps the Poly-Dom index usable). An extractor that does its work on
+other threads or waits on I/O reports little CPU time: call :meth:`record` without
+``cpu_ms`` for such costs (wall time is then the sample). On a virtual machine a thread's
+CPU time also counts the time the hypervisor gave its CPU to another guest (steal), so a
+loaded host still raises the per-extractor factors somewhat; forgetting (below) bounds that.
+
+Forgetting
+----------
+A window's factor decays toward the profile (1.0) once the window receives no samples: from
+5 s after its last sample, by half every ``half_life_s`` seconds. An extractor the planner stopped
+choosing thus becomes affordable again after a while and is timed again (a probe). A sample
+arriving ``forget_after_s`` after its window's last one starts the window afresh (the old
+samples describe another time); until the fresh window has ``min_samples`` samples its factor
+is the largest fresh ratio (the conservative estimate from few samples), so a probe of an
+extractor that is still slow prices it right away.
+
 Cost on the request path: quantiles are cached per buffer and recomputed lazily, only when
 new samples arrived -- at the latest after ``refresh_every`` new samples (and immediately when
 a buffer first reaches ``min_samples``) -- so ``factor`` is normally a couple of dict look-ups.
@@ -45,7 +78,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +89,10 @@ from service.types import FloatArray
 
 _TINY_MS = 1e-6
 """Floor for the profiled cost when forming ratios, so an all-zero curve cannot divide by 0."""
+_DECAY_AFTER_S = 5.0
+"""A window's factor starts decaying this long after its last sample (brief pauses do not)."""
+_CONTENTION_FLOOR = 1.02
+"""Contention below this counts as none (calibration stays inactive on a quiet machine)."""
 _BUCKET_EPS = 1e-9
 """Guards ``floor(log(n)/log(base))`` against rounding just below an exact power of the base."""
 
@@ -62,21 +100,31 @@ _BUCKET_EPS = 1e-9
 class _Ring:
     """The last ``window`` ratios, with a lazily refreshed cached quantile."""
 
-    __slots__ = ("cached", "computed_count", "count", "data", "pos")
+    __slots__ = ("cached", "computed_count", "count", "data", "fresh", "last", "pos", "total")
 
     def __init__(self, window: int) -> None:
         self.data: FloatArray = np.empty(window, dtype=np.float64)
         self.pos = 0
-        self.count = 0  # total samples ever recorded (not capped at the window)
+        self.count = 0  # samples recorded since the window (re)started (not capped)
+        self.total = 0  # samples ever recorded
         self.cached = 1.0
         self.computed_count = -1  # ``count`` when ``cached`` was computed; -1: never
+        self.last = -math.inf  # clock time of the last sample
+        self.fresh = False  # restarted after a silence: few samples count (their max)
 
-    def push(self, value: float) -> None:
+    def push(self, value: float, now: float, forget_after_s: float) -> None:
+        if self.count and now - self.last > forget_after_s:
+            self.pos = 0
+            self.count = 0
+            self.computed_count = -1
+            self.fresh = True
         self.data[self.pos] = value
         self.pos += 1
         if self.pos == self.data.shape[0]:
             self.pos = 0
         self.count += 1
+        self.total += 1
+        self.last = now
 
     @property
     def filled(self) -> int:
@@ -119,6 +167,12 @@ class CostCalibrator:
         bucket_base: float = 2.0,
         enabled: bool = True,
         refresh_every: int = 8,
+        half_life_s: float = 30.0,
+        forget_after_s: float = 60.0,
+        contention_weight: float = 0.1,
+        contention_half_life_s: float = 2.0,
+        contention_max: float = 4.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 < quantile <= 1.0:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
@@ -130,6 +184,17 @@ class CostCalibrator:
             raise ValueError(f"bucket_base must be a finite number > 1, got {bucket_base}")
         if refresh_every < 1:
             raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
+        for label, value in (
+            ("half_life_s", half_life_s),
+            ("forget_after_s", forget_after_s),
+            ("contention_half_life_s", contention_half_life_s),
+        ):
+            if not value > 0.0:
+                raise ValueError(f"{label} must be > 0 (inf: never), got {value}")
+        if not (math.isfinite(contention_max) and contention_max >= 1.0):
+            raise ValueError(f"contention_max must be a finite number >= 1, got {contention_max}")
+        if not 0.0 < contention_weight <= 1.0:
+            raise ValueError(f"contention_weight must be in (0, 1], got {contention_weight}")
         self._curves: dict[str, CostPolynomial] = dict(profiled)
         self._quantile = float(quantile)
         self._window = int(window)
@@ -138,6 +203,16 @@ class CostCalibrator:
         self._inv_log_base = 1.0 / math.log(self._bucket_base)
         self._enabled = bool(enabled)
         self._refresh_every = int(refresh_every)
+        self._half_life_s = float(half_life_s)
+        self._forget_after_s = float(forget_after_s)
+        self._contention_weight = float(contention_weight)
+        self._contention_half_life_s = float(contention_half_life_s)
+        self._clock = clock
+        self._contention_max = float(contention_max)
+        self._contention = 1.0
+        self._contention_at = -math.inf
+        self._cpu_mean = 0.0
+        self._wall_mean = 0.0
         self._lock = threading.Lock()
         self._states: dict[str, _Extractor] = {}
         self._active = False
@@ -155,9 +230,20 @@ class CostCalibrator:
 
     @property
     def active(self) -> bool:
-        """True once some bucket or extractor has ``min_samples`` samples (so a factor may
-        differ from 1.0). Always False when disabled."""
-        return self._enabled and self._active
+        """True once some bucket or extractor has ``min_samples`` samples, or while the
+        machine is measurably busy (so a factor may differ from 1.0). Always False when
+        disabled."""
+        return self._enabled and (self._active or self.contention() > _CONTENTION_FLOOR)
+
+    def contention(self) -> float:
+        """How much longer than their CPU time extractions take now (>= 1; 1 when quiet or
+        when no CPU times are recorded): the running mean of wall/CPU, decayed toward 1
+        with the time since the last extraction."""
+        excess = self._contention - 1.0
+        if excess <= 0.0:
+            return 1.0
+        age = self._clock() - self._contention_at
+        return 1.0 + excess * math.pow(0.5, max(age, 0.0) / self._contention_half_life_s)
 
     # -- measurements ----------------------------------------------------------------------
 
@@ -167,8 +253,10 @@ class CostCalibrator:
             return None
         return math.floor(math.log(n) * self._inv_log_base + _BUCKET_EPS)
 
-    def record(self, extractor: str, n: int, ms: float) -> None:
-        """Record one extraction of an item of size ``n`` that took ``ms`` milliseconds.
+    def record(self, extractor: str, n: int, ms: float, cpu_ms: float | None = None) -> None:
+        """Record one extraction of an item of size ``n`` that took ``ms`` milliseconds of wall
+        time and, when given, ``cpu_ms`` of its thread's CPU time: the extractor's ratio is
+        then formed from the CPU time and wall/CPU feeds :meth:`contention` (module docstring).
 
         Ignored when disabled, for unknown extractors, for ``n <= 0`` and for non-finite or
         negative ``ms``. O(1); thread-safe.
@@ -186,43 +274,74 @@ class CostCalibrator:
         b = self.bucket(size)
         if b is None or not math.isfinite(value) or value < 0.0:
             return
-        ratio = value / max(state.profiled(size), _TINY_MS)
+        sample = value
+        cpu: float | None = None
+        if cpu_ms is not None and math.isfinite(cpu_ms) and cpu_ms > 0.0:
+            sample = cpu = min(float(cpu_ms), value)
+        ratio = sample / max(state.profiled(size), _TINY_MS)
         if not math.isfinite(ratio):
             return
+        now = self._clock()
         with self._lock:
             if self._states.get(extractor) is not state:  # reset() raced with us
                 return
+            if cpu is not None:
+                # Time-weighted: the share of recent extraction time the threads had a CPU.
+                w = self._contention_weight
+                keep = 1.0 - w
+                old_cpu = self._cpu_mean
+                old_wall = old_cpu * self.contention()  # decayed with the time since the last
+                self._cpu_mean = keep * old_cpu + w * cpu
+                self._wall_mean = keep * old_wall + w * value
+                self._contention = min(
+                    max(self._wall_mean / max(self._cpu_mean, _TINY_MS), 1.0), self._contention_max
+                )
+                self._contention_at = now
             ring = state.buckets.get(b)
             if ring is None:
                 ring = state.buckets[b] = _Ring(self._window)
-            ring.push(ratio)
-            state.wide.push(ratio)
+            ring.push(ratio, now, self._forget_after_s)
+            state.wide.push(ratio, now, self._forget_after_s)
             if not self._active and state.wide.count >= self._min_samples:
                 self._active = True
 
     # -- estimates -------------------------------------------------------------------------
 
+    def _usable(self, ring: _Ring) -> bool:
+        """Whether ``ring`` gives a factor: ``min_samples`` samples, or any fresh ones."""
+        return ring.count >= self._min_samples or (ring.fresh and ring.count > 0)
+
     def _value(self, ring: _Ring) -> float:
-        """``ring``'s cached quantile, recomputed if stale (ring has >= min_samples)."""
+        """``ring``'s factor: its cached quantile (recomputed if stale; the largest sample
+        while a restarted window has fewer than ``min_samples``), decayed toward 1.0 with the
+        time since its last sample."""
         done = ring.computed_count
-        if done >= self._min_samples and ring.count - done < self._refresh_every:
-            return ring.cached
-        with self._lock:
-            m = ring.filled
-            k = min(m - 1, math.ceil(self._quantile * (m - 1) - 1e-12))
-            # == np.quantile(data, q, method="higher"), in O(m)
-            value = float(np.partition(ring.data[:m], k)[k])
-            ring.cached = value
-            ring.computed_count = ring.count
+        if not (done >= self._min_samples and ring.count - done < self._refresh_every):
+            with self._lock:
+                m = ring.filled
+                if ring.count < self._min_samples:
+                    value = float(ring.data[:m].max()) if m else 1.0
+                    ring.computed_count = -1
+                else:
+                    ring.fresh = False
+                    k = min(m - 1, math.ceil(self._quantile * (m - 1) - 1e-12))
+                    # == np.quantile(data, q, method="higher"), in O(m)
+                    value = float(np.partition(ring.data[:m], k)[k])
+                    ring.computed_count = ring.count
+                ring.cached = value
+        value = ring.cached
+        idle = self._clock() - ring.last - _DECAY_AFTER_S
+        if idle > 0.0 and value != 1.0:
+            value = 1.0 + (value - 1.0) * math.pow(0.5, idle / self._half_life_s)
         return value
 
     def _ring_for(self, state: _Extractor, n: float) -> _Ring | None:
         b = self.bucket(n)
         if b is not None:
             ring = state.buckets.get(b)
-            if ring is not None and ring.count >= self._min_samples:
+            if ring is not None and self._usable(ring):
                 return ring
-        if state.wide.count >= self._min_samples:
+        if self._usable(state.wide):
             return state.wide
         return None
 
@@ -248,9 +367,7 @@ class CostCalibrator:
         """The median extractor-wide factor over the extractors with enough samples (1.0 if
         none)."""
         values = sorted(
-            self._value(state.wide)
-            for state in self._states.values()
-            if state.wide.count >= self._min_samples
+            self._value(state.wide) for state in self._states.values() if self._usable(state.wide)
         )
         if not values:
             return 1.0
@@ -268,15 +385,17 @@ class CostCalibrator:
         same floor used to form the ratios), so an all-zero curve calibrates to the measured
         cost instead of staying 0.
         """
-        return self._states[extractor].profiled(n) * self.factor(extractor, n)
+        return self._states[extractor].profiled(n) * self.factor(extractor, n) * self.contention()
 
     def costs_at(self, n: float) -> dict[str, float]:
-        """Every extractor's calibrated cost at size ``n``."""
+        """Every extractor's calibrated cost at size ``n`` (contention included)."""
         return {name: self.cost(name, n) for name in self._curves}
 
     def factors_at(self, n: float) -> dict[str, float]:
-        """Every extractor's calibration factor at size ``n``."""
-        return {name: self.factor(name, n) for name in self._curves}
+        """Every extractor's calibration factor at size ``n``, times the machine's current
+        :meth:`contention` (what planning multiplies the profiled curves by)."""
+        busy = self.contention()
+        return {name: self.factor(name, n) * busy for name in self._curves}
 
     # -- reporting -------------------------------------------------------------------------
 
@@ -291,6 +410,7 @@ class CostCalibrator:
         """JSON-ready state, for ``GET /models/{name}/costs``.
 
         ``{"quantile", "window", "min_samples", "enabled", "active", "bucket_base",
+        "contention" (the machine-wide factor now), "half_life_s", "forget_after_s",
         "extractors": {name: {"profiled": {n: ms}, "calibrated": {n: ms}, "samples": total,
         "factor": extractor-wide factor, "buckets": [{"bucket", "sizes": [lo, hi), "samples",
         "factor", "source"}]}}}``. A bucket's ``factor`` is the one :meth:`factor` applies to
@@ -306,9 +426,9 @@ class CostCalibrator:
             for b, ring in bucket_items:
                 if not self._enabled:
                     source, f = "none", 1.0
-                elif ring.count >= self._min_samples:
+                elif self._usable(ring):
                     source, f = "bucket", self._value(ring)
-                elif state.wide.count >= self._min_samples:
+                elif self._usable(state.wide):
                     source, f = "extractor", self._value(state.wide)
                 else:
                     source, f = "none", 1.0
@@ -316,20 +436,16 @@ class CostCalibrator:
                     {
                         "bucket": b,
                         "sizes": self._bucket_range(b),
-                        "samples": ring.count,
+                        "samples": ring.total,
                         "factor": f,
                         "source": source,
                     }
                 )
-            wide = (
-                self._value(state.wide)
-                if self._enabled and state.wide.count >= self._min_samples
-                else 1.0
-            )
+            wide = self._value(state.wide) if self._enabled and self._usable(state.wide) else 1.0
             extractors[name] = {
                 "profiled": {int(n): state.profiled(n) for n in sizes},
                 "calibrated": {int(n): self.cost(name, n) for n in sizes},
-                "samples": state.wide.count,
+                "samples": state.wide.total,
                 "factor": wide,
                 "buckets": buckets,
             }
@@ -340,6 +456,9 @@ class CostCalibrator:
             "bucket_base": self._bucket_base,
             "enabled": self._enabled,
             "active": self.active,
+            "contention": self.contention() if self._enabled else 1.0,
+            "half_life_s": self._half_life_s,
+            "forget_after_s": self._forget_after_s,
             "extractors": extractors,
         }
 
@@ -350,3 +469,7 @@ class CostCalibrator:
                 name: _Extractor(curve, self._window) for name, curve in self._curves.items()
             }
             self._active = False
+            self._contention = 1.0
+            self._contention_at = -math.inf
+            self._cpu_mean = 0.0
+            self._wall_mean = 0.0

@@ -115,7 +115,8 @@ class ExtractorSource:
 
 class MeasuredCost:
     """Milliseconds of wall time since ``start`` (a ``perf_counter()``); every extraction's
-    time is recorded in ``calibrator`` for items of ``size``."""
+    time is recorded in ``calibrator`` for items of ``size``, with its thread CPU time when
+    :func:`run_session` measured it (:meth:`charge_timed`)."""
 
     def __init__(self, start: float, calibrator: CostCalibrator, size: int) -> None:
         self.start = start
@@ -127,6 +128,12 @@ class MeasuredCost:
 
     def charge(self, feature: str, seconds: float) -> float:
         self.calibrator.record(feature, self.size, seconds * 1000.0)
+        return seconds * 1000.0
+
+    def charge_timed(self, feature: str, seconds: float, cpu_seconds: float) -> float:
+        """:meth:`charge`, telling the calibrator the extraction's thread CPU time too (so a
+        busy machine is not taken for a slow extractor: ``service.calibration``)."""
+        self.calibrator.record(feature, self.size, seconds * 1000.0, cpu_seconds * 1000.0)
         return seconds * 1000.0
 
 
@@ -259,6 +266,7 @@ def run_session(
                 "acquire each feature at most once and never one it was given",
             )
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         try:
             vector = source.acquire(feature)
         except FeatureUnavailable as exc:
@@ -284,8 +292,12 @@ def run_session(
                 unavailable={feature: exc.reason},
             )
         elapsed = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         on_acquire(feature, elapsed)
-        charged[feature] = meter.charge(feature, elapsed)
+        if isinstance(meter, MeasuredCost):
+            charged[feature] = meter.charge_timed(feature, elapsed, cpu)
+        else:
+            charged[feature] = meter.charge(feature, elapsed)
         acquire_ms[feature] = elapsed * 1000.0
         features[feature] = vector
         acquired[feature] = vector

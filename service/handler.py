@@ -39,6 +39,9 @@ CACHE_READ_SHARE = 0.2
 RETRY_AFTER_S = 1
 # Weight of the latest wait in the running estimate of the wait for a thread.
 WAIT_EWMA = 0.2
+# How a measured budget is counted (``PredictHandler``): from the request's receipt, or the
+# work done for it only.
+ACCOUNTINGS = ("deadline", "work")
 
 T = TypeVar("T")
 
@@ -62,7 +65,23 @@ class PredictHandler:
     (503). A request with measured (ms) costs waits at most its budget, and not at all when
     the expected wait is longer than its budget: it then answers at once from what it has
     (cached features, or the prior), so small requests never wait behind big ones. The wait
-    is reported as ``timings_ms.queued`` and not charged to the budget."""
+    is reported as ``timings_ms.queued``.
+
+    Accounting of a measured (ms) budget, per request (``accounting``; ``default_accounting``
+    when the request names none):
+
+    - ``"deadline"``: the budget counts from the request's receipt (``received``, a
+      ``perf_counter()`` taken when the app first saw the request; now when not given), so
+      reading the body, decoding, the cache read and the wait for a thread are charged, and
+      features are planned with what is left when work starts. A request waits for a thread
+      at most until what would be left could no longer pay for the cheapest feature it lacks,
+      and does not wait at all when the expected wait is longer: it answers at once from what
+      it has. Under load the service thus degrades accuracy, not latency.
+    - ``"work"``: only the work is charged (the cache read, then the plan / extract / infer
+      loop in the worker thread); the wait is reported, not charged.
+
+    Either way a request whose budget cannot pay for any feature it lacks (or that has every
+    feature in hand) is answered on the event loop, without the hand-off to a thread."""
 
     def __init__(
         self,
@@ -72,7 +91,13 @@ class PredictHandler:
         reserve_ms: float,
         threads: int = 0,
         limits: Limits | None = None,
+        default_accounting: str = "deadline",
     ) -> None:
+        if default_accounting not in ACCOUNTINGS:
+            raise ValueError(
+                f"default_accounting must be one of {ACCOUNTINGS}, got {default_accounting!r}"
+            )
+        self.default_accounting = default_accounting
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
@@ -149,30 +174,46 @@ class PredictHandler:
         strategy: str | None = None,
         *,
         version: str | None = None,
+        accounting: str | None = None,
+        received: float | None = None,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
         """Answer one request (on ``version`` of ``model``, its newest if None); also
-        returns the features to write back to the cache."""
+        returns the features to write back to the cache. ``accounting``: ``"deadline"`` or
+        ``"work"`` (class docstring; None: the default); ``received``: the
+        ``perf_counter()`` at which the request arrived (None: now)."""
+        received = time.perf_counter() if received is None else received
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
+        accounting = self.default_accounting if accounting is None else accounting
+        if accounting not in ACCOUNTINGS:
+            raise InvalidRequest(
+                f"'accounting' must be one of {list(ACCOUNTINGS)}, got {accounting!r}"
+            )
         bundle = self.registry.get(model, version)
         runtime = bundle.strategy(strategy)
         measured = bundle.manifest.cost_basis == "measured"
         if measured and budget > self.limits.max_budget_ms:
             raise BudgetTooLarge(float(budget), self.limits.max_budget_ms)
+        # Only a budget in milliseconds can count from the receipt.
+        deadline = measured and accounting == "deadline"
+        decode_start = time.perf_counter()
         if bundle.decoder.heavy(item):
             decoded = await self._in_thread(lambda: bundle.decoder.decode(item))
         else:
             decoded = bundle.decoder.decode(item)
+        decode_s = time.perf_counter() - decode_start
         if size is not None and size != decoded.size:
             raise SizeMismatch(size, decoded.size)
         nbytes = int(getattr(decoded.data, "nbytes", 0))
 
-        # ``spent`` counts work, not waiting: the cache read, then the plan / extract /
-        # infer loop timed inside the worker thread from the moment it starts.
+        # ``spent`` counts from ``start``: the receipt (deadline), or the cache read (work:
+        # the cache read, then the plan / extract / infer loop timed inside the worker thread
+        # from the moment it starts).
         given = self._given(bundle, decoded)
         read_start = time.perf_counter()
+        left_ms = budget - (read_start - received) * 1e3 if deadline else float(budget)
         with tracing.span("cache.read"):
-            cached = await self._read_cache(bundle, decoded, budget, skip=given.keys())
+            cached = await self._read_cache(bundle, decoded, left_ms, skip=given.keys())
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
 
@@ -183,29 +224,41 @@ class PredictHandler:
                 decoded,
                 budget,
                 in_hand,
-                started - cache_s,
+                received if deadline else started - cache_s,
                 reserve_ms=self.reserve_ms,
                 runtime=runtime,
                 on_extraction=self._observe_extraction,
                 on_inference=self._observe_inference,
             )
 
-        # Measured budgets wait for a thread at most the budget itself (and not at all when
-        # the queue ahead is longer); they then answer from what they have, on this loop:
-        # with a budget of 0 the strategy's fallback answers from the features in hand.
+        # What the cheapest feature not in hand would cost, and how long this request may
+        # wait for a thread: with no feature it could pay for, it does not wait at all.
         queued_at = time.perf_counter()
-        waited = await self._acquire(budget / 1e3 if measured else None, nbytes)
+        if measured:
+            missing = [c for f, c in bundle.costs.at(decoded.size).items() if f not in in_hand]
+            cheapest = min(missing, default=math.inf)
+            left_ms = budget - self.reserve_ms
+            if deadline:
+                left_ms -= (queued_at - received) * 1e3
+            wait_limit: float | None = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
+            inline = left_ms < cheapest  # nothing to extract: no thread needed
+        else:
+            wait_limit, inline = None, False
+        waited = None if inline else await self._acquire(wait_limit, nbytes)
         if waited is None:
+            # Answer from what is in hand, on this loop: with a budget of 0 the strategy's
+            # fallback answers from the features in hand (with every feature in hand the
+            # strategy answers within the real budget: it has nothing left to acquire).
             run = execute(
                 bundle,
                 decoded,
-                0.0,
+                budget if inline and cheapest == math.inf else 0.0,
                 in_hand,
-                time.perf_counter() - cache_s,
+                received if deadline else time.perf_counter() - cache_s,
                 runtime=runtime,
                 on_inference=self._observe_inference,
             )
-            queued_s = time.perf_counter() - queued_at
+            queued_s = time.perf_counter() - queued_at if not inline else 0.0
         else:
             try:
                 started, run = await anyio.to_thread.run_sync(work)
@@ -216,6 +269,9 @@ class PredictHandler:
         response = self._response(
             bundle, runtime.name, budget, run, sorted(cached), sorted(given), queued_s
         )
+        response.cost.accounting = "deadline" if deadline else "work"
+        response.timings_ms.decode = decode_s * 1000.0
+        response.timings_ms.since_received = (time.perf_counter() - received) * 1000.0
         self._observe(response)
         writes = {
             feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
@@ -278,8 +334,8 @@ class PredictHandler:
             if raw is not None and len(raw) == 4 * dims:
                 found[name] = np.frombuffer(raw, dtype=np.float32)
         hits = len(found)
-        self.metrics.cache.labels(result="hit").inc(hits)
-        self.metrics.cache.labels(result="miss").inc(len(names) - hits)
+        self.metrics.child(self.metrics.cache, result="hit").inc(hits)
+        self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
         return found
 
     @staticmethod
@@ -340,20 +396,20 @@ class PredictHandler:
         )
 
     def _observe_extraction(self, name: str, seconds: float) -> None:
-        self.metrics.extraction.labels(extractor=name).observe(seconds)
+        self.metrics.child(self.metrics.extraction, extractor=name).observe(seconds)
         tracing.extraction(name, seconds)
 
     def _observe_inference(self, bundle: str, seconds: float) -> None:
-        self.metrics.inference.labels(model=bundle).observe(seconds)
+        self.metrics.child(self.metrics.inference, model=bundle).observe(seconds)
         tracing.record("inference", seconds, model=bundle)
 
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics
-        m.spent.labels(model=response.model).observe(response.cost.spent)
-        m.budget.labels(model=response.model).observe(response.cost.budget)
+        m.child(m.spent, model=response.model).observe(response.cost.spent)
+        m.child(m.budget, model=response.model).observe(response.cost.budget)
         utilisation = response.cost.spent / response.cost.budget
-        m.utilisation.labels(model=response.model).observe(utilisation)
+        m.child(m.utilisation, model=response.model).observe(utilisation)
         if response.deadline_exceeded:
-            m.budget_exceeded.labels(model=response.model).inc()
+            m.child(m.budget_exceeded, model=response.model).inc()
         for sensor in response.unavailable:
             m.sensor_unavailable.labels(model=response.model, sensor=sensor).inc()

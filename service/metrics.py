@@ -4,6 +4,7 @@ bundle names and extractor names come from loaded bundles only, never from raw r
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,6 +25,7 @@ UNKNOWN_MODEL = "_unknown"
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry
         self.request_latency = Histogram(
             "budgetserve_request_duration_seconds",
@@ -116,6 +118,17 @@ class Metrics:
             self.cache.labels(result=result)
         for result in ("queue_full", "queue_bytes", "answered_unqueued", "wait_expired"):
             self.admission.labels(result=result)
+
+    def child(self, metric: Any, **labels: str) -> Any:
+        """``metric.labels(**labels)``, looked up once per label set and kept: prometheus'
+        own ``labels`` validates and locks on every call (a fifth of a worker's samples under
+        load in docs/benchmarks/service.md). Label values come from loaded bundles only, so
+        the set stays small."""
+        key = (id(metric), *labels.items())
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(**labels)
+        return found
 
     def cache_failure(self, kind: str) -> None:
         """A Redis call failed (error, or no answer within the Redis timeout)."""

@@ -6,7 +6,7 @@ The HTTP-only bodies (the request, errors, readiness) are in ``service.http.sche
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,8 +19,15 @@ class CostReport(BaseModel):
     budget: float = Field(description="the request's budget, in `unit`")
     planned: float = Field(description="predicted cost of the plan made at the start, in `unit`")
     spent: float = Field(
-        description="cost spent, in `unit`: the measured time of the work done for this request "
-        "(bundles with measured costs, unit ms) or the declared cost of the features acquired"
+        description="cost spent, in `unit`: for bundles with measured costs (unit ms), the time "
+        "since the request was received (`accounting` 'deadline') or of the work done for it "
+        "(`accounting` 'work'); otherwise the declared cost of the features acquired"
+    )
+    accounting: Literal["deadline", "work"] = Field(
+        default="work",
+        description="how `spent` was counted: 'deadline' from the request's receipt (reading, "
+        "decoding, cache and the wait for a thread charged), 'work' only the work done for it "
+        "(always 'work' for bundles with declared costs)",
     )
     charged: dict[str, float] = Field(
         default_factory=dict,
@@ -43,7 +50,14 @@ class Timings(BaseModel):
     extraction: float = Field(description="milliseconds spent extracting or acquiring features")
     inference: float = Field(description="milliseconds spent in model inference")
     queued: float = Field(
-        description="milliseconds waiting for a worker thread (not charged to the budget)"
+        description="milliseconds waiting for a worker thread (charged to the budget with "
+        "`cost.accounting` 'deadline', not with 'work')"
+    )
+    decode: float = Field(default=0.0, description="milliseconds decoding and validating the item")
+    since_received: float | None = Field(
+        default=None,
+        description="milliseconds from the request's receipt by the app to its answer (before "
+        "the response is serialized): reading the body, decoding, cache, waiting and work",
     )
 
 

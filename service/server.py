@@ -13,7 +13,10 @@ worker supervisor's shutdown, and a time-out on request heads.
   head (request line and headers) has not arrived in full ``BUDGETSERVE_HEADER_TIMEOUT_S``
   after the connection opened or the previous response completed. uvicorn's own keep-alive
   timer stops at the first byte, so a client that sends half a head is otherwise held open
-  for ever. (Slow bodies are the app's: ``service.http.middleware.BodyLimit``.)
+  for ever. (Slow bodies are the app's: ``service.http.middleware.BodyLimit``.) It also
+  stamps each request's scope with the ``perf_counter()`` at which its first bytes were
+  handed to the protocol (``RECEIVED_KEY``): the receipt a deadline budget counts from, so
+  uvicorn's parsing and the wait for the app's task are charged too.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import time
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors.multiprocess import Multiprocess
 
+from service.http.middleware import RECEIVED_KEY
 from service.settings import Settings
 
 
@@ -64,6 +69,18 @@ class HeadTimeoutH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a time-out on each request head (see the module)."""
 
     _head_timer: asyncio.TimerHandle | None = None
+    _first_byte_at: float | None = None
+    _stamped: object = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._first_byte_at is None and self.conn.their_state is h11.IDLE:
+            self._first_byte_at = time.perf_counter()
+        super().data_received(data)
+        scope = getattr(self, "scope", None)
+        if scope is not None and scope is not self._stamped:  # a new request's head parsed
+            scope[RECEIVED_KEY] = self._first_byte_at or time.perf_counter()
+            self._stamped = scope
+            self._first_byte_at = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

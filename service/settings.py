@@ -126,6 +126,13 @@ class Settings(BaseSettings):
             )
         return self
 
+    accounting: Literal["deadline", "work"] = Field(
+        default="deadline",
+        description="how a measured (ms) budget is counted when a request does not say: "
+        "'deadline' from the request's receipt (decoding, cache and the wait for a thread "
+        "charged; under load answers get cheaper, not later), 'work' only the work done for it",
+    )
+
     overhead_reserve_ms: float = Field(
         default=0.5,
         ge=0,

@@ -225,6 +225,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
             max_queued=settings.max_queued,
             max_queued_bytes=settings.max_queued_bytes,
         ),
+        default_accounting=settings.accounting,
     )
     state.ready = bool(reg.bundles)
 

@@ -1,8 +1,10 @@
-"""ASGI middleware of the app: :class:`BodyLimit`."""
+"""ASGI middleware of the app: :class:`BodyLimit` (which also stamps each request's receipt:
+:func:`received_at`)."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -10,6 +12,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import errors
 from service.http.errors import PREDICT_PATH, domain_response
 from service.metrics import UNKNOWN_MODEL, Metrics
+
+RECEIVED_KEY = "budgetserve.received"
+
+
+def received_at(scope: Scope) -> float | None:
+    """The ``perf_counter()`` at which the app first saw this request (None if unstamped)."""
+    value = scope.get(RECEIVED_KEY)
+    return value if isinstance(value, float) else None
 
 
 class BodyLimit:
@@ -29,6 +39,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # The receipt a deadline budget counts from: when the protocol got its first bytes
+        # (``service.server``), else the app's first sight of it (its head parsed; the body
+        # is read below, and charged).
+        scope.setdefault(RECEIVED_KEY, time.perf_counter())
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))

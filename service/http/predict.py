@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import BackgroundTasks, Depends, Request
+from fastapi import BackgroundTasks, Depends, Request, Response
 from pydantic import Discriminator, Tag
 
 from service.batch import predict_batch
+from service.http.middleware import received_at
 from service.http.schemas import BatchPredictRequest, PredictRequest
 from service.http.state import AppState, app_state
 from service.metrics import UNKNOWN_MODEL
-from service.schemas import BatchCost, BatchPredictResponse, PredictResponse
+from service.schemas import BatchCost, BatchPredictResponse
 
 
 def _shape(body: Any) -> str:
@@ -32,7 +33,11 @@ async def predict(
     request: Request,
     background: BackgroundTasks,
     state: Annotated[AppState, Depends(app_state)],
-) -> PredictResponse | BatchPredictResponse:
+) -> Response:
+    """The body is a ``service.schemas.PredictResponse`` or, for a batch, a
+    ``BatchPredictResponse`` (the route's ``response_model``, which documents them),
+    serialized once by pydantic-core: returned as a model, FastAPI would validate it again,
+    turn it into plain objects and encode those with ``json``."""
     handler = state.loaded_handler()
     label = body.model if body.model in state.loaded_registry().bundles else UNKNOWN_MODEL
     request.state.model_label = label
@@ -45,7 +50,7 @@ async def predict(
     }
     metrics = state.metrics
     if isinstance(body, BatchPredictRequest):
-        with metrics.request_latency.labels(model=label).time():
+        with metrics.child(metrics.request_latency, model=label).time():
             outcome = await predict_batch(
                 handler,
                 body.model,
@@ -55,7 +60,7 @@ async def predict(
                 total_budget=body.total_budget,
                 version=body.version,
             )
-        metrics.requests.labels(model=label, status="ok").inc()
+        metrics.child(metrics.requests, model=label, status="ok").inc()
         first = outcome.responses[0]
         summary.update(
             total_budget=body.total_budget,
@@ -65,7 +70,7 @@ async def predict(
             outcome="ok",
         )
         order = outcome.plan.order if outcome.plan else list(range(len(outcome.responses)))
-        return BatchPredictResponse(
+        batch = BatchPredictResponse(
             model=first.model,
             results=outcome.responses,
             cost=BatchCost(
@@ -76,11 +81,19 @@ async def predict(
                 order=order,
             ),
         )
-    with metrics.request_latency.labels(model=label).time():
+        return Response(batch.model_dump_json(), media_type="application/json")
+    with metrics.child(metrics.request_latency, model=label).time():
         response, writes = await handler.predict(
-            body.model, body.item, body.size, body.budget, body.strategy, version=body.version
+            body.model,
+            body.item,
+            body.size,
+            body.budget,
+            body.strategy,
+            version=body.version,
+            accounting=body.accounting,
+            received=received_at(request.scope),
         )
-    metrics.requests.labels(model=label, status="ok").inc()
+    metrics.child(metrics.requests, model=label, status="ok").inc()
     summary.update(
         strategy=response.strategy,
         model_version=response.model_version,
@@ -92,4 +105,4 @@ async def predict(
         outcome="ok",
     )
     background.add_task(handler.write_back, writes)
-    return response
+    return Response(response.model_dump_json(), media_type="application/json")

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -77,6 +77,13 @@ class PredictRequest(BaseModel):
         max_length=128,
         description="one of the model's versions (GET /models/{name}: versions); the newest "
         "if absent",
+    )
+    accounting: Literal["deadline", "work"] | None = Field(
+        default=None,
+        description="how a budget in ms is counted: 'deadline' from the moment the service "
+        "received the request (reading, decoding, cache, waiting for a thread all charged; "
+        "under load the answer gets cheaper, not later), 'work' only the work done for it. "
+        "Absent: the service's default (BUDGETSERVE_ACCOUNTING, 'deadline')",
     )
 
 

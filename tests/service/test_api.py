@@ -556,9 +556,12 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
     for calibrate in (False, True):
         # Two samples make a bucket count: under load hog can stop being planned after
         # two or three (other extractors' factors rise too; seen in a full run on a loaded
-        # machine), leaving a bucket of three samples unfilled.
+        # machine), leaving a bucket of three samples unfilled. The budget counts the work
+        # only: decoding a 512 px PNG (charged by the default, deadline accounting) would
+        # leave too little for hog either way.
         client, _ = make_client(
             tiny_bundle_dir.parent,
+            accounting="work",
             overhead_reserve_ms=0.0,
             calibration=calibrate,
             calibration_min_samples=2,

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import socket
 import threading
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from service.cache import (
     CacheUnavailable,
     InProcessCache,
     RedisCache,
+    entry_bytes,
     extractor_tag,
     feature_key,
 )
@@ -27,7 +29,7 @@ from tests.conftest import digit_image, free_port, png_b64
 
 
 def test_lru_evicts_least_recently_used_by_bytes() -> None:
-    cache = InProcessCache(max_bytes=30)
+    cache = InProcessCache(max_bytes=3 * entry_bytes("a", b"x" * 10))
 
     async def run() -> list[bytes | None]:
         await cache.put_many({"a": b"x" * 10, "b": b"y" * 10, "c": b"z" * 10})
@@ -42,6 +44,32 @@ def test_lru_skips_values_larger_than_capacity() -> None:
     cache = InProcessCache(max_bytes=4)
     asyncio.run(cache.put_many({"big": b"12345"}))
     assert len(cache) == 0
+
+
+def test_the_cap_bounds_what_the_cache_really_holds() -> None:
+    """Filled far past its cap with realistic entries (a feature key of ~90 characters, a
+    64-float vector), the cache's memory as tracemalloc counts it stays within 10 % of the
+    cap, and is not far below it (the count is not merely conservative)."""
+    cap = 4 << 20
+    cache = InProcessCache(max_bytes=cap)
+    tag = extractor_tag("hog", "1", {"cells": 4})
+
+    async def fill() -> None:
+        for i in range(40_000):
+            key = feature_key(f"{i:064x}", tag)
+            await cache.put_many({key: np.full(64, i, dtype=np.float32).tobytes()})
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        asyncio.run(fill())
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(cache) < 40_000, "the cap evicted nothing"
+    assert cache.held_bytes <= cap
+    assert 0.8 * cap <= held <= 1.1 * cap, (held, cap, len(cache))
 
 
 def test_key_separates_versions_params_and_extractors() -> None:

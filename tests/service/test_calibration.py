@@ -248,3 +248,113 @@ def test_snapshot_is_json_ready() -> None:
     assert bucket["bucket"] == 9 and bucket["sizes"] == [512, 1024]
     assert bucket["samples"] == 200 and bucket["source"] == "bucket"
     assert snap["extractors"]["lbp"]["buckets"] == []
+
+
+# --- a busy machine is not a slow extractor; forgetting ----------------------------------------
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_busy_machine_inflates_contention_not_the_extractor_factors() -> None:
+    """Wall time 3x the thread CPU time (the thread waited for a CPU or the GIL): the
+    extractor's own factor follows its CPU time (1x here), the machine-wide contention
+    follows wall/CPU, and planning (``factors_at``) multiplies every curve by it alike."""
+    clock = Clock()
+    cal = make(clock=clock)
+    for _ in range(300):
+        n = 1000
+        cal.record("hog", n, 3.0 * curve(n), cpu_ms=curve(n))
+    assert cal.factor("hog", 1000) == pytest.approx(1.0)
+    assert cal.contention() == pytest.approx(3.0, rel=0.01)
+    assert cal.active
+    factors = cal.factors_at(1000)
+    assert factors["hog"] == pytest.approx(3.0, rel=0.01)
+    assert factors["lbp"] == pytest.approx(factors["hog"])  # alike: lbp was never timed
+    # Quiet again: within 50 extractions the contention is back within 5 % of none ...
+    for _ in range(50):
+        cal.record("hog", 1000, curve(1000), cpu_ms=curve(1000))
+    assert cal.contention() < 1.05
+    assert not cal.factors_at(1000)["lbp"] > 1.05
+    # ... and with no extraction at all it decays with time (half-life 2 s).
+    for _ in range(300):
+        cal.record("hog", 1000, 3.0 * curve(1000), cpu_ms=curve(1000))
+    clock.now += 20.0
+    assert cal.contention() < 1.01
+    assert cal.factors_at(1000) == pytest.approx({"hog": 1.0, "lbp": 1.0}, rel=0.02)
+
+
+def test_contention_is_time_weighted_and_capped() -> None:
+    """A 0.01 ms extraction that lost its CPU for 1 ms says little beside 1 ms ones that ran
+    through (the ratio of mean wall to mean CPU time, ~2, not the mean of ratios, ~51), and no burst
+    makes planning assume more than ``contention_max``."""
+    cal = make(clock=Clock(), contention_max=4.0)
+    for _ in range(100):
+        cal.record("hog", 1000, 1.0, cpu_ms=1.0)
+        cal.record("lbp", 1000, 1.01, cpu_ms=0.01)
+    assert 1.5 < cal.contention() < 2.5  # (1 + 1.01) / (1 + 0.01)
+    for _ in range(100):
+        cal.record("hog", 1000, 100.0, cpu_ms=1.0)
+    assert cal.contention() == 4.0
+
+
+def test_wall_time_alone_keeps_the_old_estimator() -> None:
+    """Without CPU times (an extractor waiting on I/O) wall time is the sample, as before."""
+    cal = make(clock=Clock())
+    for _ in range(40):
+        cal.record("hog", 1000, 3.0 * curve(1000))
+    assert cal.factor("hog", 1000) == pytest.approx(3.0)
+    assert cal.contention() == 1.0
+
+
+def test_an_unplanned_extractor_is_forgotten_then_probed() -> None:
+    """The ratchet: lbp timed at x17 (a burst), then never planned again. Its factor decays
+    toward the profile with time; a sample after ``forget_after_s`` restarts its window, and
+    the fresh sample prices it at once (1x: back; 3x: still slow)."""
+    clock = Clock()
+    cal = make(clock=clock, half_life_s=30.0, forget_after_s=60.0)
+    for _ in range(100):
+        cal.record("lbp", 1000, 17.0 * (0.5 + 2e-4 * 1000))
+    assert cal.factor("lbp", 1000) == pytest.approx(17.0)
+    clock.now += 4.0  # a brief pause changes nothing
+    assert cal.factor("lbp", 1000) == pytest.approx(17.0)
+    clock.now += 1.0 + 30.0  # one half-life past the grace
+    assert cal.factor("lbp", 1000) == pytest.approx(9.0)
+    clock.now += 200.0
+    assert cal.factor("lbp", 1000) < 1.1
+    # a probe: the first fresh sample alone sets the factor (the old window is forgotten)
+    cal.record("lbp", 1000, 1.0 * (0.5 + 2e-4 * 1000))
+    assert cal.factor("lbp", 1000) == pytest.approx(1.0)
+    clock.now += 200.0
+    cal.record("lbp", 1000, 3.0 * (0.5 + 2e-4 * 1000))
+    assert cal.factor("lbp", 1000) == pytest.approx(3.0)
+    snap = cal.snapshot([1000])["extractors"]["lbp"]
+    assert snap["samples"] == 102  # every sample ever, windows restarted or not
+    for _ in range(28):  # the largest fresh sample while the window is thin
+        cal.record("lbp", 1000, 2.0 * (0.5 + 2e-4 * 1000))
+    assert cal.factor("lbp", 1000) == pytest.approx(3.0)
+    cal.record("lbp", 1000, 2.0 * (0.5 + 2e-4 * 1000))  # min_samples: the p95 again
+    assert cal.factor("lbp", 1000) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"half_life_s": 0.0},
+        {"forget_after_s": -1.0},
+        {"contention_half_life_s": 0.0},
+        {"contention_weight": 0.0},
+        {"contention_weight": 1.5},
+        {"contention_max": 0.5},
+    ],
+)
+def test_bad_forgetting_settings_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        make(**kwargs)

@@ -213,7 +213,13 @@ def test_openapi_separates_cost_units_from_milliseconds(client: TestClient) -> N
     assert {"unit", "budget", "planned", "spent", "charged", "given"} <= set(cost["properties"])
     assert not {"extraction", "inference", "queued"} & set(cost["properties"])
     timings = _resolve(schema, props["timings_ms"])
-    assert set(timings["properties"]) == {"extraction", "inference", "queued"}
+    assert set(timings["properties"]) == {
+        "extraction",
+        "inference",
+        "queued",
+        "decode",
+        "since_received",
+    }
     assert all("milliseconds" in v["description"] for v in timings["properties"].values())
     request = schema["components"]["schemas"]["PredictRequest"]["properties"]["item"]
     tabular = next(s for s in request["anyOf"] if "values" in s["properties"])

@@ -71,7 +71,10 @@ def test_items_with_only_an_id_are_acquired_from_redis_and_a_down_redis_is_no_50
                 "extraction",
                 "inference",
                 "queued",
+                "decode",
+                "since_received",
             }
+            assert cost["accounting"] == "work"  # declared costs: never a deadline
             assert body["next_sensor"] is None and body["unavailable"] == {}
             right += body["prediction"] == str(label)
         assert right >= 36, "acquired values are the row's: the answers are right"

@@ -1,0 +1,107 @@
+"""The service benchmark's pieces that can be checked without a load run: the profile summary
+(against hand-made collapsed stacks) and the load generator (against a real bare server is
+the benchmark's own job; here, a loopback server of the test's own)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks.loadgen import run
+from benchmarks.service import summarize
+
+
+def test_summary_counts_each_sample_for_its_innermost_category() -> None:
+    stacks = "\n".join(
+        [
+            "main;uvicorn/protocols/http/h11_impl.py:490 (send) 6",
+            "main;starlette/routing.py;service/items.py:143 (grayscale) 3",
+            "main;starlette/routing.py (app) 1",
+            "main;mystery (x) 2",
+            "not a line",
+        ]
+    )
+    lines = summarize(stacks, top=2)
+    assert lines[0] == "12 samples:"
+    assert "- HTTP parsing and protocol (uvicorn h11): 50.0 %" in lines
+    assert "- PNG decoding: 25.0 %" in lines  # inside starlette, but decoding is innermost
+    assert "- FastAPI / Starlette routing and middleware: 8.3 %" in lines
+    assert "- other: 16.7 %" in lines
+    assert lines[-2:] == [
+        "- `uvicorn/protocols/http/h11_impl.py:490 (send)`: 50.0 %",
+        "- `service/items.py:143 (grayscale)`: 25.0 %",
+    ]
+    assert summarize("") == ["(no samples)"]
+
+
+@pytest.fixture
+def echo_port() -> Iterator[int]:
+    """An HTTP/1.1 server answering every request with its body, after 2 ms."""
+    loop = asyncio.new_event_loop()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                await asyncio.sleep(0.002)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        server.close()
+        for writer in writers:
+            writer.close()
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+
+        async def drain() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+            await server.wait_closed()
+
+        loop.run_until_complete(drain())
+        loop.close()
+
+
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_load_generator_sends_fresh_ids_and_times_answers(echo_port: int, mode: str) -> None:
+    spec = {
+        "port": echo_port,
+        "templates": ['{"id": "%s", "n": 0}', '{"id": "%s", "n": 1}'],
+        "duration_s": 0.5,
+        "warmup_s": 0.1,
+        "mode": mode,
+        "clients": 2,
+        "rate": 100.0,
+        "id_prefix": "t",
+    }
+    results = asyncio.run(run(spec))
+    assert len(results) >= 10
+    assert all(r.status == 200 for r in results)
+    assert all(r.latency_ms >= 2.0 for r in results)  # the server's 2 ms at least
+    bodies = [r.body for r in results]
+    assert len(set(bodies)) == len(bodies), "every request has a fresh id"
+    assert {r.template for r in results} == {0, 1}
+    for r in results:
+        assert f'"n": {r.template}'.encode() in r.body
+    if mode == "open":  # sent on schedule: 100/s over 0.5 s after the warm-up
+        assert 45 <= len(results) <= 51

@@ -1,0 +1,254 @@
+"""The budget as a deadline (counted from the receipt), and calibration under load.
+
+Through the real handler on the real digits bundle (and the real app for the HTTP fields).
+A busy machine is made by extractors that sleep after computing: their wall time grows while
+their thread CPU time does not, which is what being descheduled looks like to a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.cache import InProcessCache
+from service.handler import PredictHandler
+from service.http import create_app
+from service.metrics import Metrics
+from service.registry import Bundle, Registry, load_bundle
+from service.schemas import PredictResponse
+from service.settings import Settings
+from service.types import FloatVector
+from tests.conftest import digit_image, png_b64
+
+
+@pytest.fixture(scope="module")
+def digits_bundle(digits_bundle_dir: Path) -> Bundle:
+    return load_bundle(digits_bundle_dir, 1 << 20)
+
+
+@pytest.fixture(scope="module")
+def pngs() -> list[str]:
+    return [png_b64(digit_image(i, 128)) for i in range(20)]
+
+
+def make_handler(bundle: Bundle, **kwargs: Any) -> PredictHandler:
+    return PredictHandler(
+        Registry(bundles={bundle.name: bundle}),
+        InProcessCache(64 << 20),
+        Metrics(),
+        reserve_ms=0.5,
+        **kwargs,
+    )
+
+
+def ask_all(handler: PredictHandler, requests: list[dict[str, Any]]) -> list[PredictResponse]:
+    """Each request (``png``, ``budget``, ``id``, and ``predict``'s keyword arguments, with
+    ``received_ago_s``) in turn, on one event loop (its worker threads are reused, as in the
+    server), writing features back as the HTTP layer does."""
+
+    async def run() -> list[PredictResponse]:
+        out = []
+        for r in requests:
+            extra = {k: v for k, v in r.items() if k not in ("png", "budget", "id")}
+            ago = extra.pop("received_ago_s", None)
+            if ago is not None:
+                extra["received"] = time.perf_counter() - ago
+            response, writes = await handler.predict(
+                "digits", {"png_base64": r["png"], "id": r["id"]}, None, r["budget"], **extra
+            )
+            await handler.write_back(writes)
+            out.append(response)
+        return out
+
+    return anyio.run(run)
+
+
+def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[str]) -> None:
+    """The same request, received 4.5 ms before the handler sees it, with a 5 ms budget:
+    counted as a deadline, nothing is left for a feature after the 0.5 ms reserve, so it
+    answers at once from the prior, on the event loop (no thread, no wait), and says it
+    overran if it did; counting the work only, it buys features."""
+    digits_bundle.calibrator.reset()
+    handler = make_handler(digits_bundle)
+    _warm, late, work, fresh = ask_all(
+        handler,
+        [
+            {"png": pngs[3], "budget": 5.0, "id": "warm-up"},  # starts the worker thread
+            {"png": pngs[0], "budget": 5.0, "id": "d0", "received_ago_s": 0.0045},
+            {
+                "png": pngs[0],
+                "budget": 5.0,
+                "id": "d1",
+                "received_ago_s": 0.0045,
+                "accounting": "work",
+            },
+            {"png": pngs[0], "budget": 50.0, "id": "d2"},
+        ],
+    )
+    assert late.cost.accounting == "deadline"
+    assert late.cost.extracted == [] and late.features == []
+    assert late.answered_by == "prior"
+    assert late.timings_ms.queued == 0.0
+    assert late.cost.spent >= 4.5
+    assert late.timings_ms.since_received is not None
+    assert late.timings_ms.since_received >= late.cost.spent
+    assert late.deadline_exceeded == (late.cost.spent > 5.0)
+
+    assert work.cost.accounting == "work"
+    assert work.cost.extracted, "work accounting: the 4.5 ms before the work are not charged"
+    assert work.timings_ms.since_received is not None
+    assert work.timings_ms.since_received >= 4.5 + work.cost.spent - 0.5
+
+    # The default is the handler's; a fresh request with the whole budget left buys features.
+    assert fresh.cost.accounting == "deadline" and fresh.cost.extracted, fresh
+    assert fresh.timings_ms.since_received is not None
+    assert fresh.cost.spent <= fresh.timings_ms.since_received
+    assert fresh.timings_ms.decode > 0.0
+    assert fresh.cost.spent >= fresh.timings_ms.decode + fresh.timings_ms.extraction
+
+
+def test_cached_features_answer_without_a_thread(digits_bundle: Bundle, pngs: list[str]) -> None:
+    """Every feature it could use in hand: answered on the loop, with the real budget (the
+    strategy's own answer, not a fallback), nothing extracted."""
+    digits_bundle.calibrator.reset()
+    handler = make_handler(digits_bundle)
+    full = len(digits_bundle.extractors)
+    first, second = ask_all(
+        handler, [{"png": pngs[1], "budget": 1000.0, "id": "c", "accounting": "work"}] * 2
+    )
+    assert first.cost.extracted and second.cost.extracted == []
+    assert sorted(second.cost.cached) == sorted(first.cost.extracted)
+    assert second.answered_by == first.answered_by
+    if len(first.cost.extracted) == full:  # every feature in hand: no thread at all
+        assert second.timings_ms.queued == 0.0
+
+
+def test_accounting_over_http(digits_bundle_dir: Path, pngs: list[str]) -> None:
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent), cache=InProcessCache(1 << 20))
+    with TestClient(app) as client:
+        body = {"model": "digits", "item": {"png_base64": pngs[2]}, "budget": 5.0}
+        default = client.post("/predict", json=body).json()
+        assert default["cost"]["accounting"] == "deadline"
+        assert default["timings_ms"]["since_received"] >= default["cost"]["spent"] > 0
+        work = client.post("/predict", json={**body, "accounting": "work"}).json()
+        assert work["cost"]["accounting"] == "work"
+        bad = client.post("/predict", json={**body, "accounting": "eventually"})
+        assert bad.status_code == 422, bad.text
+        assert "accounting" in bad.text
+    work_app = create_app(
+        Settings(models_dir=digits_bundle_dir.parent, accounting="work"),
+        cache=InProcessCache(1 << 20),
+    )
+    with TestClient(work_app) as client:
+        answer = client.post("/predict", json=body).json()
+        assert answer["cost"]["accounting"] == "work"
+
+
+class Busy:
+    """An extractor that computes, then sleeps ``delay_s`` while ``on`` is set (a thread that
+    waited for a CPU: wall time grows, its CPU time does not)."""
+
+    def __init__(self, inner: Any, delay_s: float, switch: dict[str, bool]) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.switch = switch
+        self.name = inner.name
+        self.version = inner.version
+        self.item_kind = inner.item_kind
+
+    @property
+    def dims(self) -> int:
+        return int(self.inner.dims)
+
+    def extract(self, item: Any) -> FloatVector:
+        vector: FloatVector = self.inner.extract(item)
+        if self.switch["on"]:
+            time.sleep(self.delay_s)
+        return vector
+
+
+@pytest.fixture
+def busy_bundle(digits_bundle_dir: Path) -> Iterator[tuple[Bundle, dict[str, bool]]]:
+    bundle = load_bundle(digits_bundle_dir, 1 << 20)
+    switch = {"on": False}
+    for name, extractor in list(bundle.extractors.items()):
+        bundle.extractors[name] = Busy(extractor, 0.004, switch)  # type: ignore[assignment]
+    yield bundle, switch
+
+
+def test_a_burst_degrades_then_the_plans_come_back(
+    busy_bundle: tuple[Bundle, dict[str, bool]], digits_bundle_dir: Path, pngs: list[str]
+) -> None:
+    """The ratchet of issue 17: under load the p95 factors of the extractors that ran
+    inflated (x17), they were never planned again, and 5 ms requests stayed on cheap features
+    until restart. Now: quiet, a burst (every extraction 4 ms late), quiet again. The burst is
+    seen as contention (planning multiplies every curve by it); within 60 quiet requests the
+    plans are as good as those of a control instance that saw no burst (same requests,
+    interleaved in chunks of 5, so both see the same shared machine), and no extractor's own
+    factor kept the burst."""
+    bundle, switch = busy_bundle
+    handler = make_handler(bundle)
+    control_bundle = load_bundle(digits_bundle_dir, 1 << 20)
+    control = make_handler(control_bundle)
+    counter = iter(range(10**6))
+
+    def run(target: PredictHandler, count: int) -> list[PredictResponse]:
+        return ask_all(
+            target,
+            [
+                {
+                    "png": pngs[i % len(pngs)],
+                    "budget": 5.0,
+                    "id": f"r{next(counter)}",
+                    "accounting": "work",
+                }
+                for i in range(count)
+            ],
+        )
+
+    def quiet(count: int) -> tuple[list[PredictResponse], list[PredictResponse]]:
+        mine: list[PredictResponse] = []
+        theirs: list[PredictResponse] = []
+        for _ in range(count // 5):
+            mine += run(handler, 5)
+            theirs += run(control, 5)
+        return mine, theirs
+
+    quiet(80)
+    size = 128 * 128
+    factors_before = {n: bundle.calibrator.factor(n, size) for n in bundle.extractors}
+    switch["on"] = True
+    burst = run(handler, 60)
+    switch["on"] = False
+    assert len(burst) == 60
+    during = bundle.calibrator.contention()
+    assert during > 3.5, "the burst was seen as a busy machine (at most x4 by default)"
+    mine, theirs = quiet(60)
+    # The old calibrator (wall time only, no forgetting), fed these wall times, priced every
+    # extractor at x10-x100 for good (a 0.05 ms thumbnail 4 ms late): these 60 requests all
+    # answered from the prior (0.108 measured, 0.979 before the burst). The margin is for
+    # the shared machine's load, which moves between chunks.
+    recovered = float(np.mean([r.expected_accuracy for r in mine[-30:]]))
+    reference = float(np.mean([r.expected_accuracy for r in theirs[-30:]]))
+    assert recovered >= reference - 0.05, (
+        recovered,
+        reference,
+        bundle.calibrator.contention(),
+        control_bundle.calibrator.contention(),
+        bundle.calibrator.factors_at(size),
+        control_bundle.calibrator.factors_at(size),
+    )
+    # (the shared test machine's own load shows as some contention: x2-3 was seen)
+    assert bundle.calibrator.contention() < during
+    factors = {n: bundle.calibrator.factor(n, size) for n in bundle.extractors}
+    grown = {n: factors[n] / factors_before[n] for n in factors}
+    # (CPU time on a shared VM counts the hypervisor's steal: x2.2 was seen for one
+    # extractor while other jobs loaded the machine; the wall-time estimator gave x10-x100)
+    assert max(grown.values()) < 3.0, (factors_before, factors)
