@@ -240,18 +240,17 @@ def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: Te
     words = [_letters(trained.data, w) for w in trained.words[:2]]
     meta = client.get("/v2/models/ocr").json()
     assert [i["name"] for i in meta["inputs"]] == ["ITEM", "ID"]
-    body = {
-        "inputs": [
-            {
-                "name": "ITEM",
-                "datatype": "BYTES",
-                "shape": [2],
-                "data": [json.dumps({"letters": letters}) for letters in words],
-            }
-        ],
-        "parameters": {"budget": 5000, "strategy": "structured-oneshot"},
-    }
-    answer = client.post("/v2/models/ocr/infer", json=body)
+    documents = [json.dumps({"letters": letters}) for letters in words]
+
+    def infer(name: str, data: list[str]) -> Any:
+        tensor = {"name": name, "datatype": "BYTES", "shape": [len(data)], "data": data}
+        body = {
+            "inputs": [tensor],
+            "parameters": {"budget": 5000, "strategy": "structured-oneshot"},
+        }
+        return client.post("/v2/models/ocr/infer", json=body)
+
+    answer = infer("ITEM", documents)
     assert answer.status_code == 200, answer.text
     predicted = next(o for o in answer.json()["outputs"] if o["name"] == "PREDICTION")["data"]
     direct = [
@@ -262,11 +261,8 @@ def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: Te
         for letters in words
     ]
     assert predicted == direct
-    wrong = dict(body, inputs=[dict(body["inputs"][0], name="IMAGE")])  # type: ignore[arg-type]
-    refused = client.post("/v2/models/ocr/infer", json=wrong)
+    refused = infer("IMAGE", documents)
     assert refused.status_code == 400 and "'ITEM'" in refused.json()["error"]
-    not_json = dict(body, inputs=[dict(body["inputs"][0], data=["{", "[1]"])])  # type: ignore[arg-type]
-    refused = client.post("/v2/models/ocr/infer", json=not_json)
-    assert (
-        refused.status_code == 400 and "ITEM[0] is not a JSON document" in refused.json()["error"]
-    )
+    refused = infer("ITEM", ["{", "[1]"])
+    assert refused.status_code == 400
+    assert "ITEM[0] is not a JSON document" in refused.json()["error"]
