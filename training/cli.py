@@ -592,6 +592,7 @@ def cstc(
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
+@app.command()
 def parser(
     out: Annotated[Path, typer.Option(help="bundle folder to (re)write")] = Path(
         "models/ewt-parser"
