@@ -236,12 +236,25 @@ class RedisCache:
             async with asyncio.timeout(self.timeout_s):
                 result = await call()
         except (RedisError, OSError, TimeoutError) as exc:
+            trips = self.breaker.trips
             self.breaker.failure()
+            if self.breaker.trips != trips:
+                self._drop_idle_connections()
             if self.on_failure is not None:
                 self.on_failure(kind)
             raise CacheUnavailable(f"{type(exc).__name__}: {exc}") from exc
         self.breaker.success()
         return result
+
+    def _drop_idle_connections(self) -> None:
+        """When the breaker opens, close the pool's idle connections: after a Redis restart
+        they are dead sockets, and the first calls after recovery would each fail on one
+        (enough of them in a row open the breaker again on a healthy Redis)."""
+        task = asyncio.ensure_future(
+            self._client.connection_pool.disconnect(inuse_connections=False)
+        )
+        self._running.add(task)
+        task.add_done_callback(self._finished)
 
     def _start(self, call: Callable[[], Awaitable[T]], kind: str) -> asyncio.Task[T]:
         if not self.breaker.allow():
