@@ -101,7 +101,7 @@ def test_lookup_equals_the_full_scan_under_random_factors_and_drift(seed: int) -
     assert index.size < len(features) * len(ranges), "the index prunes"
     checked = 0
     for r, (start, end, _) in enumerate(ranges):
-        for n in {int(math.ceil(start)), int(end) - (end > start), int(rng.uniform(start, end))}:
+        for n in {math.ceil(start), int(end) - (end > start), int(rng.uniform(start, end))}:
             # factors drifted within the tolerance (and all scaled alike by contention)
             busy = float(rng.uniform(1.0, 3.0))
             drift = {
