@@ -7,11 +7,13 @@ same random (size, budget) queries and interleaved over rounds:
 
 * ``scan``: what planning did before (``index_scale`` finds the factors uneven, then a
   scan of every model), and
-* ``index``: ``PolyDomRuntime.plan`` (factors at the size, the validity check, the walk
-  down the calibrated index's list),
+* ``index``: ``PolyDomRuntime.plan`` (the validity check against the factors at the size,
+  the walk down the calibrated index's list),
 
-checking on every query that both return the same model and cost. Per-feature costs are
-computed once per query outside the timing (both paths get them from ``begin``).
+checking on every query that both return the same model and cost; once with the
+per-feature costs computed outside the timing (the plan alone), once per request as
+``begin`` does it (the costs at the size, then the plan: before, ``at`` and the factors
+again in ``index_scale``; now ``at_with_factors``, the factors computed once).
 
 ``python -m benchmarks.polydom_calibrated [--queries N] [--rounds R]`` prints a table.
 """
@@ -43,6 +45,10 @@ def run(queries: int, rounds: int, spread: float, seed: int) -> list[str]:
             ratio = math.exp(rng.uniform(-spread, spread))
             for _ in range(5):
                 bundle.calibrator.record(name, 2**k, profiled[name] * ratio)
+    # Hold the calibrator's clock still from here: its factors decay with time since the
+    # last sample, and both planners must see the same factors to be compared query by query.
+    frozen = time.monotonic()
+    bundle.calibrator._clock = lambda: frozen
     started = time.perf_counter()
     index = runtime.calibrated_index.rebuild_now()
     build_ms = (time.perf_counter() - started) * 1e3
@@ -65,36 +71,61 @@ def run(queries: int, rounds: int, spread: float, seed: int) -> list[str]:
     def indexed() -> list[tuple[str, float]]:
         return [runtime.plan(n, b, none, pf) for n, b, pf in work]
 
-    times: dict[str, list[float]] = {"scan": [], "index": []}
+    def scan_request() -> list[tuple[str, float]]:  # begin() before: costs, then the scan
+        out = []
+        for n, b in zip(sizes, budgets, strict=True):
+            pf = bundle.costs.at(n)
+            assert runtime.index_scale(n, none) is None
+            out.append(runtime.scan(b, none, pf))
+        return out
+
+    def indexed_request() -> list[tuple[str, float]]:  # begin() now
+        out = []
+        for n, b in zip(sizes, budgets, strict=True):
+            pf, factors = bundle.costs.at_with_factors(n)
+            out.append(runtime.plan(n, b, none, pf, factors))
+        return out
+
+    pairs = {
+        "plan only (per-feature costs given)": (scan, indexed),
+        "per request (costs at the size + plan, as begin)": (scan_request, indexed_request),
+    }
+    times: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
-        for label, fn in (("scan", scan), ("index", indexed)):
-            t0 = time.perf_counter()
-            result = fn()
-            times[label].append((time.perf_counter() - t0) / queries * 1e6)
-            if label == "scan":
-                expected = result
-            else:
-                assert result == expected, "the calibrated index must plan as the scan"
-    # Calibration factors decay toward the profile from 5 s after their last sample, so
-    # over a longer run they move and the index is rebuilt (in the background) meanwhile.
-    rebuilds = runtime.calibrated_index.builds - 1
+        for what, fns in pairs.items():
+            expected: list[tuple[str, float]] = []
+            for label, fn in zip(("scan", "index"), fns, strict=True):
+                t0 = time.perf_counter()
+                result = fn()
+                times.setdefault((what, label), []).append(
+                    (time.perf_counter() - t0) / queries * 1e6
+                )
+                if label == "scan":
+                    expected = result
+                else:
+                    assert result == expected, "the calibrated index must plan as the scan"
+    assert runtime.calibrated_index.builds == 1, "factors held still: no rebuild"
     models = len(runtime.model_features)
     lines = [
         f"digits bundle, {models} models, {index.n_ranges} ranges, kept per range "
         f"{index.size / index.n_ranges:.1f} of {models} (mean); build {build_ms:.1f} ms; "
-        f"{queries} queries x {rounds} rounds, interleaved; same plans on every query; "
-        f"{rebuilds} background rebuilds during the run (factors decaying)",
+        f"{queries} queries x {rounds} rounds, interleaved; same plans on every query",
         "",
-        "| planner | µs per plan (min / median / max over rounds) |",
-        "|---|---|",
+        "| what | planner | µs per request (min / median / max over rounds) |",
+        "|---|---|---|",
     ]
-    for label, values in times.items():
+    for (what, label), values in times.items():
         lines.append(
-            f"| {label} | {min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} |"
+            f"| {what} | {label} | {min(values):.2f} / {statistics.median(values):.2f} / "
+            f"{max(values):.2f} |"
         )
-    ratio = statistics.median(times["scan"]) / statistics.median(times["index"])
     lines.append("")
-    lines.append(f"scan / index (medians): {ratio:.2f}x")
+    for what in pairs:
+        scan_t, index_t = times[(what, "scan")], times[(what, "index")]
+        lines.append(
+            f"{what}: scan / index = {min(scan_t) / min(index_t):.2f}x (min), "
+            f"{statistics.median(scan_t) / statistics.median(index_t):.2f}x (median)"
+        )
     return lines
 
 

@@ -186,16 +186,23 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         return _uniform_scale(self.costs.factors_at(size))
 
     def plan(
-        self, size: int, budget: float, in_hand: frozenset[str], per_feature: dict[str, float]
+        self,
+        size: int,
+        budget: float,
+        in_hand: frozenset[str],
+        per_feature: dict[str, float],
+        factors: dict[str, float] | None = None,
     ) -> tuple[str, float]:
         """The model to answer with and its predicted cost (of the features not in hand)
         within ``budget``: two binary searches in the index when it applies; under uneven
-        calibration the calibrated index (the scan's very plan) while it holds; else a scan."""
+        calibration the calibrated index (the scan's very plan) while it holds; else a scan.
+        ``factors``: the calibration factors ``per_feature`` was computed with, if at hand."""
         if in_hand or not self.size_domain[0] <= size <= self.size_domain[1]:
             return self.scan(budget, in_hand, per_feature)
         scale = 1.0
         if self.costs.calibrated:
-            factors = self.costs.factors_at(size)
+            if factors is None:
+                factors = self.costs.factors_at(size)
             uniform = _uniform_scale(factors)
             if uniform is None:
                 found = self._calibrated_plan(size, budget, factors, per_feature)
@@ -245,8 +252,8 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         return best, best_cost
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        per_feature = self.costs.at(size)
-        target, planned = self.plan(size, budget, in_hand, per_feature)
+        per_feature, factors = self.costs.at_with_factors(size)
+        target, planned = self.plan(size, budget, in_hand, per_feature, factors)
         if self.anytime:
             return AnytimeSession(self, size, per_feature, target, planned, in_hand)
         order = sorted(
