@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,7 +198,11 @@ def test_negative_coefficients_are_refused() -> None:
 
 
 def _calibrate(bundle: Bundle, rng: np.random.Generator, spread: float) -> None:
-    """Feed the real calibrator random measured/profiled ratios per extractor and bucket."""
+    """Feed the real calibrator random measured/profiled ratios per extractor and bucket,
+    its clock held still (factors decay with time since the last sample: a slow run must
+    not move them)."""
+    frozen = time.monotonic()
+    bundle.calibrator._clock = lambda: frozen
     for k in range(8, 17):
         n = 2**k
         profiled = bundle.costs.profiled_at(n)
