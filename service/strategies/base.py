@@ -145,11 +145,16 @@ class CostModel:
 
     def at(self, n: float) -> dict[str, float]:
         """Every extractor's predicted cost at size ``n`` (calibrated when available)."""
+        return self.at_with_factors(n)[0]
+
+    def at_with_factors(self, n: float) -> tuple[dict[str, float], dict[str, float] | None]:
+        """:meth:`at` and the calibration factors it applied (None when uncalibrated), for
+        planners that need both without computing the factors twice."""
         costs = self.profiled_at(n)
         if self.calibrated:
             factors = self.factors_at(n)
-            return {k: v * factors[k] for k, v in costs.items()}
-        return costs
+            return {k: v * factors[k] for k, v in costs.items()}, factors
+        return costs, None
 
     def set_coefficients(self, features: Sequence[str]) -> npt.NDArray[np.float64]:
         rows = [self.position[f] for f in features]

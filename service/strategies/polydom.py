@@ -14,9 +14,13 @@ predicted cost fits what is left, so a request overruns by at most one extractio
 misprediction.
 
 Planning uses the index when nothing is in hand, the size lies in the index's domain and the
-cost curves are the profiled ones; otherwise (cached features change every candidate's
-cost, the index carries no guarantee outside its domain, and calibrated curves may reorder
-the candidates) it scans the candidates with their current predicted costs.
+cost curves are the profiled ones (or calibration scaled them all alike). When calibration
+corrected the extractors unevenly, a calibrated index built in the service from the
+factors (``service.strategies.polydom_calibrated``: exact, the scan's own plan, while the
+factors stay within 10 % of those it was built for; rebuilt off the request path when they
+move) plans instead. Otherwise (cached features change every candidate's cost, the index
+carries no guarantee outside its domain, no calibrated index holds yet) it scans every
+model with its current predicted cost.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ from service.strategies.base import (
     StrategyRuntime,
     register_strategy,
 )
+from service.strategies.polydom_calibrated import CalibratedIndex, IndexKeeper, ranges_for
 from service.strategies.polydom_index import CompiledIndex
 
 _REL_TOLERANCE = 1e-9
 _UNIFORM_FACTORS = 0.02  # calibration factors within 2 % of each other count as uniform
+_CALIBRATED_TOLERANCE = 0.10  # the calibrated index holds while factors move < 10 % (relative)
+_REBUILD_INTERVAL_S = 1.0  # at most one calibrated-index rebuild per second
 
 
 class StaticSession(Session):
@@ -101,6 +108,15 @@ class AnytimeSession(Session):
         return Answer(self.runtime.best_computable(set(obs.features)))
 
 
+def _uniform_scale(factors: dict[str, float]) -> float | None:
+    """The common factor when every extractor's is within 2 % of the others', else None."""
+    values = list(factors.values())
+    low, high = min(values), max(values)
+    if low > 0 and high / low <= 1.0 + _UNIFORM_FACTORS:
+        return (low + high) / 2.0
+    return None
+
+
 @register_strategy
 class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
     kind = "polydom"
@@ -126,6 +142,25 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         self._ranked = [(sum(bit[f] for f in self.model_features[m]), m) for m in ranked]
         self._bit = bit
         self._fallback_model = self.best_computable(frozenset())
+        # Under uneven calibration: an index rebuilt off the request path from the factors
+        # (service.strategies.polydom_calibrated); only for curves non-decreasing in n.
+        self._ranges = ranges_for(self.size_domain)
+        self.calibrated_index = IndexKeeper(self.build_calibrated_index, _REBUILD_INTERVAL_S)
+        self._calibrated_ok = bool(np.all(self.costs.coefficients >= 0.0))
+
+    def build_calibrated_index(self) -> CalibratedIndex:
+        """An index exact for the calibration factors now (and any within the tolerance):
+        every exported model, as the scan considers them."""
+        return CalibratedIndex(
+            list(self.model_features),
+            self.model_features,
+            self.accuracy,
+            self.costs.names,
+            self.costs.coefficients,
+            [(start, end) for start, end, _ in self._ranges],
+            [self.costs.factors_at(start) for start, _, _ in self._ranges],
+            _CALIBRATED_TOLERANCE,
+        )
 
     def answerable(self) -> list[str]:
         return list(self.candidates)
@@ -148,25 +183,52 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
             return None
         if not self.costs.calibrated:
             return 1.0
-        factors = list(self.costs.factors_at(size).values())
-        low, high = min(factors), max(factors)
-        if low > 0 and high / low <= 1.0 + _UNIFORM_FACTORS:
-            return (low + high) / 2.0
-        return None
+        return _uniform_scale(self.costs.factors_at(size))
 
     def plan(
-        self, size: int, budget: float, in_hand: frozenset[str], per_feature: dict[str, float]
+        self,
+        size: int,
+        budget: float,
+        in_hand: frozenset[str],
+        per_feature: dict[str, float],
+        factors: dict[str, float] | None = None,
     ) -> tuple[str, float]:
         """The model to answer with and its predicted cost (of the features not in hand)
-        within ``budget``: two binary searches in the index when it applies, else a scan."""
-        scale = self.index_scale(size, in_hand)
-        if scale is None:
+        within ``budget``: two binary searches in the index when it applies; under uneven
+        calibration the calibrated index (the scan's very plan) while it holds; else a scan.
+        ``factors``: the calibration factors ``per_feature`` was computed with, if at hand."""
+        if in_hand or not self.size_domain[0] <= size <= self.size_domain[1]:
             return self.scan(budget, in_hand, per_feature)
+        scale = 1.0
+        if self.costs.calibrated:
+            if factors is None:
+                factors = self.costs.factors_at(size)
+            uniform = _uniform_scale(factors)
+            if uniform is None:
+                found = self._calibrated_plan(size, budget, factors, per_feature)
+                return self.scan(budget, in_hand, per_feature) if found is None else found
+            scale = uniform
         pos = self.index.lookup(size, budget / scale)
         if pos is None:
             return self._fallback_model, 0.0
         target = self.candidates[pos]
         return target, sum(per_feature[f] for f in self.model_features[target])
+
+    def _calibrated_plan(
+        self, size: int, budget: float, factors: dict[str, float], per_feature: dict[str, float]
+    ) -> tuple[str, float] | None:
+        """The calibrated index's plan (the scan's), or None when no index holds for the
+        factors now (a rebuild is then requested, to run off the request path)."""
+        if not self._calibrated_ok:
+            return None
+        index = self.calibrated_index.index
+        if index is not None:
+            limit = max(budget, 0.0) + _REL_TOLERANCE * max(abs(budget), 1.0)
+            found = index.lookup(size, factors, per_feature, limit)
+            if found is not None:
+                return found if found[0] else (self._fallback_model, 0.0)
+        self.calibrated_index.request_rebuild()
+        return None
 
     def scan(
         self, budget: float, in_hand: frozenset[str], per_feature: dict[str, float]
@@ -190,8 +252,8 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         return best, best_cost
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
-        per_feature = self.costs.at(size)
-        target, planned = self.plan(size, budget, in_hand, per_feature)
+        per_feature, factors = self.costs.at_with_factors(size)
+        target, planned = self.plan(size, budget, in_hand, per_feature, factors)
         if self.anytime:
             return AnytimeSession(self, size, per_feature, target, planned, in_hand)
         order = sorted(
