@@ -277,8 +277,17 @@ async def predict_batch(
     responses: list[PredictResponse | None] = [None] * len(items)
 
     async def run(i: int, item_budget: float) -> float:
+        # Work accounting: the batch's own plan keeps its total (it measures what each item
+        # spent); counted from each call, deadline accounting would also charge the item's
+        # decoding, which the plan's allotments do not foresee.
         response, item_writes = await handler.predict(
-            model, items[i], None, max(item_budget, EMPTY_BUDGET), strategy, version=version
+            model,
+            items[i],
+            None,
+            max(item_budget, EMPTY_BUDGET),
+            strategy,
+            version=version,
+            accounting="work",
         )
         await handler.write_back(item_writes)
         responses[i] = response
