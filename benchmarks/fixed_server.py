@@ -24,6 +24,9 @@ one fixed server (what the benchmark starts).
 Why one module over 450 lines: the fixed servers, the interleaved client schedule and the
 report are one experiment whose parts share its request and result types; split, each part
 would import the others.
+
+It stays one module (over 450 lines): the fixed-server app, the interleaved load, the
+intervals and the report are one experiment whose parts only make sense together.
 """
 
 from __future__ import annotations

@@ -72,6 +72,9 @@ Cost on the request path: quantiles are cached per buffer and recomputed lazily,
 new samples arrived -- at the latest after ``refresh_every`` new samples (and immediately when
 a buffer first reaches ``min_samples``) -- so ``factor`` is normally a couple of dict look-ups.
 ``record`` is O(1): one polynomial evaluation and one ring-buffer write under a short lock.
+
+It stays one module (over 450 lines): the rings, the contention factor and the forgetting
+are one estimator whose state the planner reads through :class:`CostCalibrator` alone.
 """
 
 from __future__ import annotations

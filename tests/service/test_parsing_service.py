@@ -20,7 +20,10 @@ from service.settings import Settings
 from tests.conftest import SHARED
 
 EWT = SHARED / "datasets" / "ud-english-ewt"
-pytestmark = pytest.mark.skipif(not EWT.is_dir(), reason=f"needs the EWT treebank at {EWT}")
+pytestmark = pytest.mark.skipif(
+    not EWT.is_dir(),
+    reason=f"the shared EWT treebank is not beside this checkout ({EWT}: ../shared/datasets/ud-english-ewt)",
+)
 MAX_TOKENS = 40
 
 
