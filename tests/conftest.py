@@ -44,10 +44,15 @@ def digit_image(index: int, side: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
-def digits_bundle_dir() -> Path:
+def digits_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """models/digits, seen through a models folder of its own (a symlink), so that tests
+    which serve `digits_bundle_dir.parent` see this one bundle, not whatever else a
+    developer has built into models/ (the OCR or parser bundles, say)."""
     if not (DIGITS_BUNDLE / "manifest.json").is_file():
         pytest.fail("models/digits is missing: run `make bundle` (make test builds it first)")
-    return DIGITS_BUNDLE
+    link = tmp_path_factory.mktemp("models") / "digits"
+    link.symlink_to(DIGITS_BUNDLE, target_is_directory=True)
+    return link
 
 
 @pytest.fixture(scope="session")

@@ -159,6 +159,7 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
         docs_url=None,
+        redoc_url=None,  # FastAPI's ReDoc page loads its script from a CDN: /docs is offline
         **_NATIVE_TELEMETRY_OFF,
     )
     app.state.core = state

@@ -500,10 +500,11 @@ def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) 
 def test_request_picks_a_strategy(digits: tuple[TestClient, InProcessCache], strategy: str) -> None:
     client, _ = digits
     item = {"png_base64": png_b64(digit_image(21, 64)), "id": f"strategy-{strategy}"}
-    status, body = predict(client, model="digits", item=item, budget=50.0, strategy=strategy)
+    # Generous: under deadline accounting a loaded machine once spent 50 ms before planning.
+    status, body = predict(client, model="digits", item=item, budget=500.0, strategy=strategy)
     assert status == 200, body
     assert body["strategy"] == strategy
-    assert body["features"], "50 ms buys features with every strategy"
+    assert body["features"], "500 ms buys features with every strategy"
 
 
 def test_unknown_strategy_is_a_404(digits: tuple[TestClient, InProcessCache]) -> None:
@@ -582,14 +583,19 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
             ]
             costs = client.get("/models/tiny/costs").json()
         outcomes[calibrate] = [b["deadline_exceeded"] for b in bodies]
-        planned_hog = ["hog" in b["cost"]["extracted"] for b in bodies]
         if calibrate:
             # What calibration changes is the plan: once hog's real cost is known it is no
             # longer planned within 5 ms (overruns follow from that, but on a loaded machine
             # another extraction can still run late, so they are bounded, not zero).
-            assert not any(planned_hog[10:]), planned_hog
+            extracted_hog = ["hog" in b["cost"]["extracted"] for b in bodies]
+            assert not any(extracted_hog[10:]), extracted_hog
         else:
-            assert sum(planned_hog[10:]) >= 15, planned_hog
+            # The static model prices thumbnail+histogram (the dearest plan without hog) at
+            # 0.0203 ms at this size and histogram+hog at 0.0305: a planned cost of 0.03 or
+            # more includes hog. (Whether hog then runs depends on how long histogram took:
+            # on a loaded machine histogram alone can spend the 5 ms.)
+            planned = [b["cost"]["planned"] for b in bodies]
+            assert all(p >= 0.03 for p in planned), planned
         if calibrate:
             assert costs["calibrated"] is True
             hog = costs["extractors"]["hog"]

@@ -22,7 +22,10 @@ from tests.conftest import SHARED
 EWT = SHARED / "datasets" / "ud-english-ewt"
 pytestmark = pytest.mark.skipif(
     not EWT.is_dir(),
-    reason=f"the shared EWT treebank is not beside this checkout ({EWT}: ../shared/datasets/ud-english-ewt)",
+    reason=(
+        f"the shared EWT treebank is not beside this checkout ({EWT}: "
+        "../shared/datasets/ud-english-ewt)"
+    ),
 )
 MAX_TOKENS = 40
 

@@ -35,3 +35,6 @@ def test_docs_page_loads_only_local_files(digits_bundle_dir: Path) -> None:
         assert client.get("/docs/oauth2-redirect").status_code == 200
         # the docs routes stay out of the API schema
         assert not any(p.startswith("/docs") for p in client.get("/openapi.json").json()["paths"])
+        # FastAPI's ReDoc page would load its script from a CDN: it is not served
+        redoc = client.get("/redoc")
+        assert redoc.status_code == 404 and "error" in redoc.json()

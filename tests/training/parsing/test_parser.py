@@ -117,7 +117,10 @@ def test_templates_refuse_what_they_cannot_serve() -> None:
 
 @pytest.mark.skipif(
     not EWT.is_dir(),
-    reason=f"the shared EWT treebank is not beside this checkout ({EWT}: ../shared/datasets/ud-english-ewt)",
+    reason=(
+        f"the shared EWT treebank is not beside this checkout ({EWT}: "
+        "../shared/datasets/ud-english-ewt)"
+    ),
 )
 def test_perceptron_beats_the_adjacent_baseline_on_held_out_sentences() -> None:
     from training.parsing.data import read_split, uas
