@@ -129,7 +129,7 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         em = np.repeat(self.base[None, :], size, axis=0)
         for k in self.base_k:
             names = self.names_at[k]
-            x = np.stack([features[names[p]] for p in range(size)])
+            x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
             em += self.scorers[k](x)
         return em
 
@@ -137,7 +137,7 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         """The policy's scores (parts, columns) from S0, with the S0 emission and its chain
         marginals (which decoding reuses)."""
         names = self.names_at[self.base_k[0]]
-        base_x = np.stack([features[names[p]] for p in range(size)])
+        base_x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
         em0 = self.s0_emission(features, size)
         marg0 = marginals_one(em0, self.chain)
         inputs = policy_inputs_v1(base_x, em0, self.chain, marg0)
@@ -170,8 +170,11 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
             parts = [p for p in range(size) if names[p] in features]
             if not parts:
                 continue
-            x = np.stack([features[names[p]] for p in parts])
-            em[parts] += self.scorers[k](x)
+            x = np.array([features[names[p]] for p in parts], dtype=np.float32)
+            if len(parts) == size:
+                em += self.scorers[k](x)
+            else:
+                em[parts] += self.scorers[k](x)
             added = True
         labels = viterbi_one(em, self.chain)
         marg = s0[1] if s0 is not None and not added else marginals_one(em, self.chain)
@@ -289,7 +292,7 @@ class StructuredSession(Session):
         word = "".join(classes[y] for y in labels)
         conf = marg[np.arange(self.size), labels].tolist()
         self.prediction = word
-        self.expected_accuracy = float(np.mean(conf))
+        self.expected_accuracy = sum(conf) / len(conf)
         self.result = {
             "kind": "structured",
             "word": word,
@@ -300,7 +303,7 @@ class StructuredSession(Session):
             "stopped_by": self.stopped,
             **self.extra(),
         }
-        mean: FloatVector = marg.mean(axis=0).astype(np.float32)
+        mean: FloatVector = (marg.sum(axis=0) / self.size).astype(np.float32)
         return mean
 
     def extra(self) -> dict[str, Any]:
