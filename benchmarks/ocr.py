@@ -39,7 +39,7 @@ from service.strategies.structured import (
     StructuredOneShotRuntime,
     StructuredSession,
 )
-from training.bundles.ocr import profile_decode, profile_templates, write_ocr_bundle
+from training.bundles.ocr import ServedOverhead, profile_templates, write_ocr_bundle
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import train_ocr
 from training.structured.policies import myopic_states, uniform_states
@@ -101,6 +101,7 @@ class Point:
     correct: int = 0
     letters: int = 0
     ms: list[float] = field(default_factory=list)
+    extraction_ms: float = 0.0
     hog: int = 0
 
     @property
@@ -111,10 +112,16 @@ class Point:
     def mean_ms(self) -> float:
         return float(np.mean(self.ms)) if self.ms else 0.0
 
+    @property
+    def overhead_us(self) -> float:
+        """Measured time less template extraction, per letter: the request loop, policy
+        and decoding."""
+        return (sum(self.ms) - self.extraction_ms) * 1000.0 / max(1, self.letters)
+
 
 def _run(
     bundle: Bundle, runtime: Any, item_data: Any, size: int, budget: float
-) -> tuple[StructuredSession, float, int]:
+) -> tuple[StructuredSession, float, int, float]:
     start = time.perf_counter()
     meter = MeasuredCost(start, bundle.calibrator, size)
     run = run_session(
@@ -125,10 +132,10 @@ def _run(
     session.decode(run.features)
     spent = meter.spent()
     hogs = sum(1 for f in run.features if f.startswith("hog@"))
-    return session, spent, hogs
+    return session, spent, hogs, sum(run.acquire_ms.values())
 
 
-Job = tuple[str, str, Callable[[], tuple[Any, float, int, str]]]
+Job = tuple[str, str, Callable[[], tuple[Any, float, int, str, float]]]
 
 
 def _jobs(
@@ -145,28 +152,28 @@ def _jobs(
 
     for p_spec in one_shot.points:
 
-        def run_point(p: StructuredOperatingPoint = p_spec) -> tuple[Any, float, int, str]:
+        def run_point(p: StructuredOperatingPoint = p_spec) -> tuple[Any, float, int, str, float]:
             def make(sz: int) -> Session:
                 s = one_shot.session(sz, 1e9)
                 s.point = p  # type: ignore[attr-defined]
                 return s
 
-            s, ms, h = _run(bundle, _Fixed(one_shot, make), item.data, size, 1e9)
-            return s, ms, h, s.prediction or ""
+            s, ms, h, ext = _run(bundle, _Fixed(one_shot, make), item.data, size, 1e9)
+            return s, ms, h, s.prediction or "", ext
 
         jobs.append(("one-shot", f"λ={p_spec.lam:g}, w+={p_spec.positive_weight:g}", run_point))
     for b in ANYTIME_MS_PER_LETTER:
 
-        def run_any(b: float = b) -> tuple[Any, float, int, str]:
-            s, ms, h = _run(bundle, anytime, item.data, size, b * size)
-            return s, ms, h, s.prediction or ""
+        def run_any(b: float = b) -> tuple[Any, float, int, str, float]:
+            s, ms, h, ext = _run(bundle, anytime, item.data, size, b * size)
+            return s, ms, h, s.prediction or "", ext
 
         jobs.append(("anytime", f"{b:g} ms/letter", run_any))
     for frac in UNIFORM:
 
-        def run_uni(frac: float = frac) -> tuple[Any, float, int, str]:
+        def run_uni(frac: float = frac) -> tuple[Any, float, int, str, float]:
             chosen = [(p, 1) for p in range(size) if rng.random() < frac]
-            s, ms, h = _run(
+            s, ms, h, ext = _run(
                 bundle,
                 _Fixed(
                     one_shot, lambda sz: _PlanSession(one_shot, sz, lambda _s, _o: list(chosen))
@@ -175,7 +182,7 @@ def _jobs(
                 size,
                 1e9,
             )
-            return s, ms, h, s.prediction or ""
+            return s, ms, h, s.prediction or "", ext
 
         jobs.append(("uniform", f"{frac:.0%} HOG", run_uni))
     for tau in MYOPIC:
@@ -187,19 +194,19 @@ def _jobs(
             conf = float(marginals_one(em, one_shot.chain).max(axis=1).mean())
             return [(p, 1) for p in range(s.size)] if conf < tau else []
 
-        def run_my(plan: Any = plan_myopic) -> tuple[Any, float, int, str]:
-            s, ms, h = _run(
+        def run_my(plan: Any = plan_myopic) -> tuple[Any, float, int, str, float]:
+            s, ms, h, ext = _run(
                 bundle,
                 _Fixed(one_shot, lambda sz: _PlanSession(one_shot, sz, plan)),
                 item.data,
                 size,
                 1e9,
             )
-            return s, ms, h, s.prediction or ""
+            return s, ms, h, s.prediction or "", ext
 
         jobs.append(("myopic", f"τ={tau:g}", run_my))
 
-    def run_plain() -> tuple[Any, float, int, str]:
+    def run_plain() -> tuple[Any, float, int, str, float]:
         t0 = time.perf_counter()
         feats = np.stack(
             [
@@ -209,12 +216,14 @@ def _jobs(
                 for p in range(size)
             ]
         )
+        t1 = time.perf_counter()
         pred = plain.predict(feats)
         return (
             None,
             (time.perf_counter() - t0) * 1000.0,
             size,
             "".join(chr(97 + int(y)) for y in pred),
+            (t1 - t0) * 1000.0,
         )
 
     jobs.append(("plain", "LogisticRegression, pixels+HOG, no chain", run_plain))
@@ -241,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
         max_iter=args.max_iter,
         log=print,
     )
-    decode_us = profile_decode(train, data)
     folder = TMP / "ocr"
     TMP.mkdir(parents=True, exist_ok=True)
-    report = write_ocr_bundle(folder, data, args.data, train, costs, decode_us)
+    report = write_ocr_bundle(folder, data, args.data, train, costs)
+    overhead = report.overhead
     bundle = load_bundle(folder, 1 << 22, CalibrationSettings(enabled=False))
     one_shot = bundle.strategy("structured-oneshot")
     anytime = bundle.strategy("structured-anytime")
@@ -279,8 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         jobs = _jobs(bundle, one_shot, anytime, plain, item, size, rng)
         for j in rng.permutation(len(jobs)):
             method, setting, job = jobs[j]
-            _session, ms, hogs, word = job()
+            _session, ms, hogs, word, extraction = job()
             pt = point(method, setting)
+            pt.extraction_ms += extraction
             pt.correct += sum(a == b for a, b in zip(word, truth, strict=True))
             pt.letters += size
             pt.ms.append(ms)
@@ -327,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         report,
         train,
         costs,
-        decode_us,
+        overhead,
         len(words),
         train_s,
         bench_s,
@@ -376,7 +386,7 @@ def _write(
     report: Any,
     train: Any,
     costs: dict[str, float],
-    decode_us: float,
+    overhead: ServedOverhead,
     n_words: int,
     train_s: float,
     bench_s: float,
@@ -407,22 +417,25 @@ def _write(
         max_iter=args.max_iter,
         pixels_us=f"{costs['pixels']:.1f}",
         hog_us=f"{costs['hog']:.1f}",
-        decode_us=f"{decode_us:.1f}",
+        policy_us=f"{overhead.policy_us:.1f}",
+        decode_us=f"{overhead.decode_us:.1f}",
+        overhead_us=f"{overhead.total_us:.1f}",
         train_min=f"{train_s / 60:.1f}",
         bench_min=f"{bench_s / 60:.1f}",
         parity=f"{max(report.parity.values()):.1e}",
     )
     lines += [
         "",
-        "| method | setting | letter accuracy (95 % CI) | ms per word (mean) | HOG letters |",
-        "|---|---|---|---|---|",
+        "| method | setting | letter accuracy (95 % CI) | ms per word (mean) "
+        "| overhead µs per letter | HOG letters |",
+        "|---|---|---|---|---|---|",
     ]
     for method in ("uniform", "one-shot", "anytime", "myopic", "plain"):
         for p in by_method.get(method, []):
             lo, hi = wilson(p.correct, p.letters)
             lines.append(
                 f"| {method} | {p.setting} | {p.accuracy:.4f} ({lo:.3f}–{hi:.3f}) "
-                f"| {p.mean_ms:.2f} | {p.hog / max(1, p.letters):.0%} |"
+                f"| {p.mean_ms:.2f} | {p.overhead_us:.0f} | {p.hog / max(1, p.letters):.0%} |"
             )
     lines.append("")
     summary = []

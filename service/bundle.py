@@ -659,7 +659,15 @@ class _StructuredStrategy(StrategySpec):
     policy_inputs: Literal["letters-v1"] = "letters-v1"
     policy_input_dims: int = Field(ge=1)
     decode_cost: float = Field(
-        ge=0, description="measured decoding (and policy) time per part, in ms: reserved"
+        ge=0,
+        description="measured time per part of decoding and of the request loop, in ms "
+        "(bundles without policy_cost: of the policy too): reserved for the answer",
+    )
+    policy_cost: float = Field(
+        0.0,
+        ge=0,
+        description="measured time per part of the policy (its inputs and scorer), in ms: "
+        "reserved until the policy has run",
     )
     max_parts: int = Field(ge=1)
 
@@ -698,6 +706,7 @@ class _StructuredStrategy(StrategySpec):
             "templates": [t.model_dump() for t in self.templates],
             "max_parts": self.max_parts,
             "decode_cost": self.decode_cost,
+            "policy_cost": self.policy_cost,
         }
 
 

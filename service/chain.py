@@ -13,6 +13,7 @@ so one array of per-template contributions evaluates any state (:func:`emissions
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +36,22 @@ class ChainParams:
     @property
     def n_labels(self) -> int:
         return int(self.transition.shape[0])
+
+    @cached_property
+    def probabilities(self) -> tuple[F64, F64, F64]:
+        """``exp`` of the transition, start and end scores, each shifted by its maximum
+        (the scaled forward-backward's factors), computed once per chain."""
+        return (
+            np.exp(self.transition - self.transition.max()),
+            np.exp(self.start - self.start.max()),
+            np.exp(self.end - self.end.max()),
+        )
+
+    @cached_property
+    def spread(self) -> float:
+        """The largest drop, in log space, of the shifted scores one part of a word
+        multiplies in (transition, start or end; emissions are shifted row by row)."""
+        return float(max(np.ptp(self.transition), np.ptp(self.start), np.ptp(self.end)))
 
 
 def emissions(base: F64, contributions: F64, states: Bool) -> F64:
@@ -104,13 +121,16 @@ def marginals(emission: F64, mask: Bool, chain: ChainParams) -> F64:
     return out
 
 
-def policy_inputs_v1(base_features: F32, emission: F64, chain: ChainParams) -> F32:
+def policy_inputs_v1(
+    base_features: F32, emission: F64, chain: ChainParams, marginals: F64 | None = None
+) -> F32:
     """Per-part policy inputs from the initial state S0, recipe ``letters-v1``, given the
     base template's features (L, d) and the S0 emission scores (L, Y): the features; the
     part's own emission softmax top probability, margin to the second and entropy; the
     chain's S0 marginal top probability and margin (one forward-backward: the paper's
     "complex" policy features, paid for in inference time); the previous and next
-    parts' S0 marginal top (1 at the ends).
+    parts' S0 marginal top (1 at the ends). ``marginals``: the S0 marginals when the caller
+    has them already (:func:`marginals_one` of ``emission``).
     Training (``training.structured.ocr``) and the structured runtimes both call this."""
     s = emission
     z = s - s.max(axis=1, keepdims=True)
@@ -118,7 +138,7 @@ def policy_inputs_v1(base_features: F32, emission: F64, chain: ChainParams) -> F
     p /= p.sum(axis=1, keepdims=True)
     top2 = -np.sort(-p, axis=1)[:, :2]
     entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1)
-    marg = marginals_one(s, chain)
+    marg = marginals_one(s, chain) if marginals is None else marginals
     mtop2 = -np.sort(-marg, axis=1)[:, :2]
     prev_top = np.concatenate([[1.0], mtop2[:-1, 0]])
     next_top = np.concatenate([mtop2[1:, 0], [1.0]])
@@ -138,39 +158,65 @@ def policy_inputs_v1(base_features: F32, emission: F64, chain: ChainParams) -> F
 
 
 def viterbi_one(emission: F64, chain: ChainParams) -> I64:
-    """:func:`viterbi` of one word (L, Y), with less per-step overhead (the service's path)."""
-    length = len(emission)
+    """:func:`viterbi` of one word (L, Y), with less per-step overhead (the service's path):
+    every step's scores ``transition + emission`` are formed in one array operation, so a
+    step is three (scores, best predecessor, best score); the backtrack runs on Python ints.
+    Ties go to the lowest label, as in :func:`viterbi`."""
+    length, y = emission.shape
+    # step[t, b, a]: label a followed by b at part t
+    step = chain.transition.T[None, :, :] + emission[1:, :, None]
+    rows = np.arange(y)
+    back = np.empty((length, y), dtype=np.intp)
     delta = chain.start + emission[0]
-    back = np.zeros((length, emission.shape[1]), dtype=np.int64)
     for t in range(1, length):
-        scores = delta[:, None] + chain.transition
-        back[t] = scores.argmax(axis=0)
-        delta = scores.max(axis=0) + emission[t]
-    out = np.zeros(length, dtype=np.int64)
-    out[-1] = int(np.argmax(delta + chain.end))
+        scores = step[t - 1] + delta
+        best = scores.argmax(axis=1)
+        back[t] = best
+        delta = scores[rows, best]
+    label = int(np.argmax(delta + chain.end))
+    pointers = back.tolist()
+    out = [label]
     for t in range(length - 1, 0, -1):
-        out[t - 1] = back[t, out[t]]
-    return out
+        label = pointers[t][label]
+        out.append(label)
+    return np.asarray(out[::-1], dtype=np.int64)
+
+
+# Largest spread (max - min, in log space) of the scores multiplied along a word for which
+# the unscaled forward-backward stays far from float64 underflow (e^-600 ~ 1e-261).
+_UNSCALED_SPREAD = 600.0
 
 
 def marginals_one(emission: F64, chain: ChainParams) -> F64:
-    """:func:`marginals` of one word (L, Y): scaled forward-backward in probability space."""
+    """:func:`marginals` of one word (L, Y): forward-backward in probability space. Each
+    part's factor ``exp(transition) * exp(emission)`` is formed for all parts in one array
+    operation, so a pass is one vector-matrix product per part. Scores are shifted to a
+    maximum of 0 (row by row for emissions), so a pass can shrink the mass by at most
+    e^-spread per part; when that cannot reach underflow the passes run unscaled, otherwise
+    each step is rescaled (Rabiner's scaling)."""
+    trans, start, end = chain.probabilities
     length = len(emission)
-    shift = emission.max(axis=1, keepdims=True)
-    phi = np.exp(emission - shift)
-    trans = np.exp(chain.transition - chain.transition.max())
-    alpha = np.zeros_like(phi)
-    a = np.exp(chain.start - chain.start.max()) * phi[0]
-    alpha[0] = a / a.sum()
-    for t in range(1, length):
-        a = (alpha[t - 1] @ trans) * phi[t]
-        alpha[t] = a / a.sum()
-    beta = np.zeros_like(phi)
-    b = np.exp(chain.end - chain.end.max())
-    beta[-1] = b / b.sum()
-    for t in range(length - 2, -1, -1):
-        b = trans @ (phi[t + 1] * beta[t + 1])
-        beta[t] = b / b.sum()
+    phi = np.exp(emission - emission.max(axis=1, keepdims=True))
+    factor = trans[None, :, :] * phi[1:, None, :]  # factor[t-1, a, b]: into part t
+    alpha = np.empty_like(phi)
+    beta = np.empty_like(phi)
+    alpha[0] = start * phi[0]
+    beta[-1] = end
+    if chain.spread * length < _UNSCALED_SPREAD:
+        for t in range(1, length):
+            np.matmul(alpha[t - 1], factor[t - 1], out=alpha[t])
+        for t in range(length - 2, -1, -1):
+            np.matmul(factor[t], beta[t + 1], out=beta[t])
+    else:
+        scale = np.empty(length)
+        scale[0] = alpha[0].sum()
+        alpha[0] /= scale[0]
+        for t in range(1, length):
+            a = alpha[t - 1] @ factor[t - 1]
+            scale[t] = s = a.sum()
+            np.divide(a, s, out=alpha[t])
+        for t in range(length - 2, -1, -1):
+            np.divide(factor[t] @ beta[t + 1], scale[t + 1], out=beta[t])
     out: F64 = alpha * beta
     out /= out.sum(axis=1, keepdims=True)
     return out

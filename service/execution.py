@@ -104,7 +104,7 @@ class ExtractorSource:
             raise
         except (ValueError, TypeError, ArithmeticError, IndexError) as exc:
             raise ExtractionFailed(feature, str(exc)) from exc
-        if vector.shape != (extractor.dims,) or not np.all(np.isfinite(vector)):
+        if vector.shape != (extractor.dims,) or not np.isfinite(vector).all():
             raise ExtractionFailed(
                 feature,
                 f"returned shape {vector.shape} or non-finite values; expected "

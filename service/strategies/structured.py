@@ -5,15 +5,20 @@ An item has parts (a word's letters); a bundle declares one extractor per (templ
 ``pixels@3``, ``hog@3``, so the request loop acquires, caches and charges templates part by
 part (a cached template is free). Per request the session
 
-1. acquires the base templates of every part (the initial state S0), while they fit;
+1. acquires the base templates of every part (the initial state S0), while they fit in what
+   is left of the budget after the decoding reserve (``decode_cost`` per part);
 2. runs the policy once on S0 (its inputs, recipe ``letters-v1``, from the base features and
-   one forward-backward of the chain; its scores from one ONNX call);
+   one forward-backward of the chain; its scores from one ONNX call), but only when the
+   cheapest missing pair still fits after both the decoding and the policy reserve
+   (``policy_cost`` per part); otherwise it answers from the base templates;
 3. acquires (part, template) pairs: the one-shot policy's chosen pairs (the operating point
    is the most expensive one whose expected cost fits the budget), or, anytime (Alg. 2),
    π_t's best pair at step t, until the policy stops or the next pair's predicted cost no
-   longer fits what is left of the budget after the decoding reserve;
+   longer fits what is left of the budget after the decoding reserve (the policy's time is
+   in the measured spending by then);
 4. answers; ``decode`` then scores every part from the templates in hand (one ONNX call per
-   template), decodes the word exactly (Viterbi) and computes per-part marginals.
+   template not already scored for the policy), decodes the word exactly (Viterbi) and
+   computes per-part marginals (those of S0 again when nothing was added).
 
 The budget is a hard cap up to prediction error: a pair is acquired only when its predicted
 cost fits, so the spent cost exceeds the budget by at most the misprediction of the last
@@ -22,6 +27,7 @@ template acquired (plus that of decoding).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Generic
 
@@ -63,11 +69,13 @@ class _Scorer:
     def __init__(self, session: ort.InferenceSession, what: str, dims: int) -> None:
         self.session = session
         self.input = session.get_inputs()[0].name
+        self.outputs = [session.get_outputs()[0].name]
         self.dims = dims
         self.what = what
 
     def __call__(self, x: F32) -> F64:
-        out = self.session.run(None, {self.input: np.ascontiguousarray(x, dtype=np.float32)})[0]
+        feed = {self.input: np.ascontiguousarray(x, dtype=np.float32)}
+        out = self.session.run(self.outputs, feed)[0]
         return np.asarray(out, dtype=np.float64)
 
 
@@ -104,48 +112,77 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         )
         width = self.policy(np.zeros((1, spec.policy_input_dims), dtype=np.float32)).shape[1]
         self.policy_columns = width
+        # feature names once: names_at[k][p] is template k of part p
+        self.names_at = [[f"{n}@{p}" for p in range(spec.max_parts)] for n in self.names]
+        self.base_order = [self.names_at[k][p] for p in range(spec.max_parts) for k in self.base_k]
         self.check_policy(width)
 
     def check_policy(self, width: int) -> None:
         """Raise ``BundleError`` when the policy's output does not fit the spec."""
 
     def feature(self, part: int, k: int) -> str:
-        return f"{self.names[k]}@{part}"
+        return self.names_at[k][part]
 
     # -- what both sessions share
 
     def s0_emission(self, features: Mapping[str, FloatVector], size: int) -> F64:
         em = np.repeat(self.base[None, :], size, axis=0)
         for k in self.base_k:
-            x = np.stack([features[self.feature(p, k)] for p in range(size)])
+            names = self.names_at[k]
+            x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
             em += self.scorers[k](x)
         return em
 
+    def policy_view(self, features: Mapping[str, FloatVector], size: int) -> tuple[F64, F64, F64]:
+        """The policy's scores (parts, columns) from S0, with the S0 emission and its chain
+        marginals (which decoding reuses)."""
+        names = self.names_at[self.base_k[0]]
+        base_x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
+        em0 = self.s0_emission(features, size)
+        marg0 = marginals_one(em0, self.chain)
+        inputs = policy_inputs_v1(base_x, em0, self.chain, marg0)
+        return self.policy(inputs), em0, marg0
+
     def policy_scores(self, features: Mapping[str, FloatVector], size: int) -> F64:
         """The policy's scores (parts, columns) from S0."""
-        k0 = self.base_k[0]
-        base_x = np.stack([features[self.feature(p, k0)] for p in range(size)])
-        inputs = policy_inputs_v1(base_x, self.s0_emission(features, size), self.chain)
-        return self.policy(inputs)
+        return self.policy_view(features, size)[0]
 
     def decode_word(
-        self, features: Mapping[str, FloatVector], size: int
+        self,
+        features: Mapping[str, FloatVector],
+        size: int,
+        s0: tuple[F64, F64] | None = None,
     ) -> tuple[list[int], F64, list[list[str]]]:
         """Labels, marginals (parts, Y) and templates of each part, from the features in
-        hand."""
-        em = np.repeat(self.base[None, :], size, axis=0)
-        had: list[list[str]] = [[] for _ in range(size)]
-        for k, scorer in enumerate(self.scorers):
-            parts = [p for p in range(size) if self.feature(p, k) in features]
+        hand. ``s0``: the S0 emission and marginals (every part's base templates in hand),
+        when the session computed them for its policy: only the other templates are scored
+        then, and the marginals are reused when no template was added."""
+        names_at = self.names_at
+        if s0 is None:
+            em = np.repeat(self.base[None, :], size, axis=0)
+            ks: list[int] = list(range(len(self.scorers)))
+        else:
+            em = s0[0].copy()
+            ks = self.optional_k
+        added = False
+        for k in ks:
+            names = names_at[k]
+            parts = [p for p in range(size) if names[p] in features]
             if not parts:
                 continue
-            x = np.stack([features[self.feature(p, k)] for p in parts])
-            em[parts] += scorer(x)
-            for p in parts:
-                had[p].append(self.names[k])
+            x = np.array([features[names[p]] for p in parts], dtype=np.float32)
+            if len(parts) == size:
+                em += self.scorers[k](x)
+            else:
+                em[parts] += self.scorers[k](x)
+            added = True
         labels = viterbi_one(em, self.chain)
-        marg = marginals_one(em, self.chain)
-        return [int(v) for v in labels], marg, had
+        marg = s0[1] if s0 is not None and not added else marginals_one(em, self.chain)
+        had = [
+            [self.names[k] for k in range(len(names_at)) if names_at[k][p] in features]
+            for p in range(size)
+        ]
+        return labels.tolist(), marg, had
 
     def answerable(self) -> list[str]:
         return [self.spec.answer_model]
@@ -153,8 +190,9 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
         """One point: every template of every one of ``size`` parts, decoded (the chain's
         accuracy with all templates); cheaper answers are the policies' business."""
-        per_part = sum(t.cost for t in self.spec.templates) + self.spec.decode_cost
-        model = self.spec.answer_model
+        spec = self.spec
+        per_part = sum(t.cost for t in spec.templates) + spec.decode_cost + spec.policy_cost
+        model = spec.answer_model
         return [(size * per_part, self.accuracy[model], model)]
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
@@ -175,8 +213,15 @@ class StructuredSession(Session):
                 f"strategy {runtime.name!r} serves at most {runtime.spec.max_parts} parts"
             )
         self.per_feature = runtime.costs.at(size)
+        # what is still ahead: decoding always, the policy until it has run (its time is in
+        # the measured spending afterwards)
         self.reserve = runtime.spec.decode_cost * size
+        self.policy_reserve = runtime.spec.policy_cost * size
+        self.base_queue = runtime.base_order[: size * len(runtime.base_k)]
+        self.base_at = 0
         self.scores: F64 | None = None
+        self.s0: tuple[F64, F64] | None = None
+        self.policy_ms = 0.0
         self.steps = 0
         self.result: dict[str, Any] | None = None
         self.stopped = "policy"
@@ -189,16 +234,36 @@ class StructuredSession(Session):
 
     def step(self, obs: Observation) -> Step:
         rt = self.runtime
-        for p in range(self.size):
-            for k in rt.base_k:
-                name = rt.feature(p, k)
-                if name not in obs.features:
-                    if not self._fits(name, obs):
-                        self.stopped = "budget"
-                        return self._answer()
-                    return Acquire(name)
+        features = obs.features
+        queue = self.base_queue
+        while self.base_at < len(queue):
+            name = queue[self.base_at]
+            if name in features:
+                self.base_at += 1
+                continue
+            if not self._fits(name, obs):
+                self.stopped = "budget"
+                return self._answer()
+            return Acquire(name)
         if self.scores is None:
-            self.scores = rt.policy_scores(obs.features, self.size)
+            missing = [
+                rt.names_at[k][p]
+                for p in range(self.size)
+                for k in rt.optional_k
+                if rt.names_at[k][p] not in features
+            ]
+            if not missing:
+                return self._answer()
+            # the policy runs only when, once paid, some pair could still be bought
+            cheapest = min(self.per_feature[n] for n in missing)
+            available = obs.remaining - self.reserve - self.policy_reserve
+            if not affordable(cheapest, available, obs.budget):
+                self.stopped = "budget"
+                return self._answer()
+            t0 = time.perf_counter()
+            self.scores, em0, marg0 = rt.policy_view(features, self.size)
+            self.s0 = (em0, marg0)
+            self.policy_ms = (time.perf_counter() - t0) * 1000.0
             self.on_scores(obs)
         pair = self.next_pair(obs)
         if pair is None:
@@ -222,12 +287,12 @@ class StructuredSession(Session):
 
     def decode(self, features: Mapping[str, FloatVector]) -> FloatVector:
         rt = self.runtime
-        labels, marg, had = rt.decode_word(features, self.size)
+        labels, marg, had = rt.decode_word(features, self.size, self.s0)
         classes = rt.manifest.classes
         word = "".join(classes[y] for y in labels)
-        conf = [float(marg[p, y]) for p, y in enumerate(labels)]
+        conf = marg[np.arange(self.size), labels].tolist()
         self.prediction = word
-        self.expected_accuracy = float(np.mean(conf))
+        self.expected_accuracy = sum(conf) / len(conf)
         self.result = {
             "kind": "structured",
             "word": word,
@@ -238,7 +303,7 @@ class StructuredSession(Session):
             "stopped_by": self.stopped,
             **self.extra(),
         }
-        mean: FloatVector = marg.mean(axis=0).astype(np.float32)
+        mean: FloatVector = (marg.sum(axis=0) / self.size).astype(np.float32)
         return mean
 
     def extra(self) -> dict[str, Any]:
@@ -302,8 +367,9 @@ class StructuredOneShotRuntime(
         self.points = sorted(spec.points, key=lambda p: p.mean_cost)
 
     def expected_cost(self, point: StructuredOperatingPoint, size: int) -> float:
-        base = sum(self.spec.templates[k].cost for k in self.base_k)
-        return size * (base + point.mean_cost + self.spec.decode_cost)
+        spec = self.spec
+        base = sum(spec.templates[k].cost for k in self.base_k)
+        return size * (base + point.mean_cost + spec.decode_cost + spec.policy_cost)
 
     def point_for(self, size: int, budget: float) -> StructuredOperatingPoint:
         """The most expensive point whose expected cost for ``size`` parts fits."""
@@ -340,22 +406,41 @@ class AnytimeSession(StructuredSession):
         super().__init__(runtime, size, budget)
         self.anytime = runtime
         self.planned = budget
+        self.have: list[list[bool]] = []
+        self.columns: list[list[float]] = []
+        self.t = 0
 
-    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
-        """π_t's best pair not in hand, t = optional pairs in hand (Alg. 2)."""
+    def on_scores(self, obs: Observation) -> None:
+        """Which optional pairs are in hand, per optional template and part, kept up to
+        date as pairs are chosen (only chosen pairs are acquired); the scores as Python
+        lists, one per policy column (a word has at most a few dozen pairs: plain loops
+        beat array calls)."""
         assert self.scores is not None
         rt = self.anytime
-        t = sum(
-            1 for p in range(self.size) for k in rt.optional_k if rt.feature(p, k) in obs.features
-        )
+        self.have = [
+            [rt.names_at[k][p] in obs.features for p in range(self.size)] for k in rt.optional_k
+        ]
+        self.t = sum(sum(row) for row in self.have)
+        self.columns = self.scores.T.tolist()
+
+    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
+        """π_t's best pair not in hand, t = optional pairs in hand (Alg. 2); ties go to
+        the first template, then the first part."""
+        rt = self.anytime
+        first = rt.column(self.t, 0)
         best: tuple[int, int] | None = None
         best_score = -np.inf
-        for j, k in enumerate(rt.optional_k):
-            col = self.scores[:, rt.column(t, j)]
+        for j, have in enumerate(self.have):
+            col = self.columns[first + j]
             for p in range(self.size):
-                if rt.feature(p, k) not in obs.features and col[p] > best_score:
-                    best_score, best = float(col[p]), (p, k)
-        return best
+                if not have[p] and col[p] > best_score:
+                    best_score, best = col[p], (j, p)
+        if best is None:
+            return None
+        j, p = best
+        self.have[j][p] = True
+        self.t += 1
+        return p, rt.optional_k[j]
 
     def extra(self) -> dict[str, Any]:
         return {"policy": "anytime", "steps": self.steps}

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.bundle import StructuredOneShotStrategy
+from service.bundle import StructuredAnytimeStrategy, StructuredOneShotStrategy
 from service.cache import InProcessCache
 from service.execution import ExtractorSource, run_session
 from service.http import create_app
 from service.registry import load_bundle
 from service.settings import Settings
-from training.bundles.ocr import profile_decode, profile_templates, write_ocr_bundle
+from service.strategies.structured import StructuredSession
+from training.bundles.ocr import profile_templates, write_ocr_bundle
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import OcrTraining, train_ocr
 from training.structured.problem import ChainProblem
@@ -49,7 +50,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     costs = profile_templates(data, letters=100, repeats=1)
     train = train_ocr(data, costs, chain_words=240, policy_words=150, max_iter=30, seed=1)
     folder = tmp_path_factory.mktemp("bundles") / "ocr"
-    write_ocr_bundle(folder, data, DATA, train, costs, profile_decode(train, data, words=20))
+    write_ocr_bundle(folder, data, DATA, train, costs, overhead_words=20)
     words = train.test_words[:12]
     problem = word_problem(train.chain, data, train.features, words, train.templates)
     return Trained(folder, data, train, words, problem)
@@ -214,7 +215,8 @@ def test_anytime_never_exceeds_the_budget_by_more_than_one_templates_mispredicti
     for w in trained.words:
         item = bundle.decoder.decode({"letters": _letters(trained.data, w)})
         predicted = bundle.costs.profiled_at(item.size)
-        reserve = runtime.spec.decode_cost * item.size  # type: ignore[attr-defined]
+        spec = runtime.spec
+        reserve = (spec.decode_cost + spec.policy_cost) * item.size  # type: ignore[attr-defined]
         for budget in np.linspace(0.0, 0.4 * item.size, 9):
             meter = NoisyMeter(predicted, rng)
             run = run_session(
@@ -230,6 +232,71 @@ def test_anytime_never_exceeds_the_budget_by_more_than_one_templates_mispredicti
             assert over <= worst + 1e-9
             checked += len(run.acquired) > 0
     assert checked > 0
+
+
+class ExactMeter:
+    """Charges each template exactly the manifest's prediction (no other time)."""
+
+    def __init__(self, predicted: dict[str, float]) -> None:
+        self.predicted = predicted
+        self.total = 0.0
+
+    def spent(self) -> float:
+        return self.total
+
+    def charge(self, feature: str, seconds: float) -> float:
+        self.total += self.predicted[feature]
+        return self.predicted[feature]
+
+
+@pytest.mark.parametrize("strategy", ["structured-anytime", "structured-oneshot"])
+def test_a_budget_for_pixels_and_decoding_but_not_the_policy_gets_every_letters_pixels(
+    trained: Trained, strategy: str
+) -> None:
+    """The policy's reserve is only needed when the policy runs: a budget that pays the
+    base templates and decoding answers from the pixels (not from the label prior), and
+    one that also pays the policy and a HOG buys HOG."""
+    bundle = load_bundle(trained.folder, 1 << 22)
+    runtime = bundle.strategy(strategy)
+    spec = runtime.spec
+    assert isinstance(spec, StructuredOneShotStrategy | StructuredAnytimeStrategy)
+    assert spec.policy_cost > 0.0 and spec.decode_cost > 0.0
+    ts = trained.train.templates
+    for i, w in enumerate(trained.words[:6]):
+        item = bundle.decoder.decode({"letters": _letters(trained.data, w)})
+        n = item.size
+        predicted = bundle.costs.profiled_at(n)
+        pixels = sum(predicted[f"pixels@{p}"] for p in range(n))
+        decoding = spec.decode_cost * n
+        budget = pixels + decoding + 0.5 * spec.policy_cost * n
+        run = run_session(
+            runtime,
+            n,
+            budget,
+            {},
+            ExtractorSource(bundle.extractors, item.data),
+            ExactMeter(predicted),
+        )
+        assert sorted(run.acquired) == sorted(f"pixels@{p}" for p in range(n))
+        session = run.session
+        assert isinstance(session, StructuredSession)
+        assert session.scores is None  # the policy did not run
+        session.decode(run.features)
+        pixels_only = trained.problem.predict([i], [ts.initial(n)])[0]
+        assert session.prediction == "".join(chr(97 + y) for y in pixels_only)
+        assert session.result is not None and session.result["stopped_by"] == "budget"
+        richer = pixels + decoding + spec.policy_cost * n + predicted["hog@0"]
+        run = run_session(
+            runtime,
+            n,
+            richer,
+            {},
+            ExtractorSource(bundle.extractors, item.data),
+            ExactMeter(predicted),
+        )
+        assert isinstance(run.session, StructuredSession) and run.session.scores is not None
+        if strategy == "structured-anytime":  # the one-shot point may choose no HOG
+            assert len(_hogs(list(run.acquired))) >= 1
 
 
 def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: TestClient) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ from service.bundle import (
     StructuredTemplate,
     write_manifest,
 )
-from service.chain import marginals, policy_inputs_v1, viterbi
+from service.execution import ExtractorSource, MeasuredCost, run_session
 from service.extractors.letters import LetterHOG, LetterPixels
+from service.registry import CalibrationSettings, load_bundle
 from training.bundles.writer import bundle_version, provenance, staging
 from training.export.structured import linear_onnx, verify_linear
 from training.structured.ocr import LETTERS, OcrData, load_ocr, word_problem
@@ -57,35 +58,60 @@ def profile_templates(data: OcrData, letters: int = 400, repeats: int = 3) -> di
     return out
 
 
-def profile_decode(train: OcrTraining, data: OcrData, words: int = 200) -> float:
-    """Median µs per letter of what a request does besides extracting: the policy inputs
-    (one forward-backward), two scorer products, Viterbi and marginals."""
-    chain = train.chain
-    per_letter = []
-    for w in train.test_words[:words]:
-        sl = data.word(w)
-        x = [f[sl] for f in train.features]
-        t0 = time.perf_counter()
-        contrib = [
-            xk.astype(np.float64) @ wk + uk
-            for xk, wk, uk in zip(x, chain.weights, chain.offsets_k, strict=True)
-        ]
-        em0 = chain.base[None, :] + contrib[0]
-        inputs = policy_inputs_v1(x[0], em0, chain.chain)
-        train.anytime.scorer.scores(inputs)
-        em = (em0 + contrib[1])[None]
-        mask = np.ones((1, len(x[0])), dtype=bool)
-        viterbi(em, mask, chain.chain)
-        marginals(em, mask, chain.chain)
-        per_letter.append((time.perf_counter() - t0) / len(x[0]))
-    return float(np.median(per_letter) * 1e6)
+@dataclass(frozen=True)
+class ServedOverhead:
+    """What a served request spends per letter besides extracting templates, in µs (medians
+    over words): ``policy_us`` the policy (its inputs with one forward-backward, its
+    scorer), ``decode_us`` the rest (the request loop, the emission scorers, Viterbi and the
+    marginals). ``per_word`` keeps every word's (letters, policy µs, rest µs)."""
+
+    policy_us: float
+    decode_us: float
+    per_word: tuple[tuple[int, float, float], ...] = ()
+
+    @property
+    def total_us(self) -> float:
+        return self.policy_us + self.decode_us
+
+
+def profile_served(
+    folder: Path, data: OcrData, words: Sequence[int], repeats: int = 2
+) -> ServedOverhead:
+    """Measure :class:`ServedOverhead` on the bundle in ``folder`` as the service runs it:
+    each structured runtime through the request loop (``run_session`` on the bundle's
+    extractor plugins, then ``decode``) with a budget that buys every template its policy
+    picks (the most decoding work), timed in wall time like a request. The policy's time
+    is the session's own ``policy_ms``; the rest is the total less the extractions and
+    the policy. Median per letter over ``words`` (training words: timing only)."""
+    bundle = load_bundle(folder, 1 << 22, CalibrationSettings(enabled=False))
+    runtimes = [bundle.strategy(s.name) for s in bundle.manifest.strategies]
+    samples: list[tuple[int, float, float]] = []
+    for _ in range(repeats):
+        for w in words:
+            letters = np.ascontiguousarray(data.letters[data.word(w)], dtype=np.float32)
+            size = len(letters)
+            for runtime in runtimes:
+                start = time.perf_counter()
+                meter = MeasuredCost(start, bundle.calibrator, size)
+                source = ExtractorSource(bundle.extractors, letters)
+                run = run_session(runtime, size, 1e9, {}, source, meter)
+                run.session.decode(run.features)
+                total_ms = (time.perf_counter() - start) * 1000.0
+                policy_ms = float(getattr(run.session, "policy_ms", 0.0))
+                rest_ms = total_ms - sum(run.acquire_ms.values()) - policy_ms
+                samples.append((size, policy_ms * 1000.0, rest_ms * 1000.0))
+    return ServedOverhead(
+        policy_us=float(np.median([pol / n for n, pol, _ in samples])),
+        decode_us=float(np.median([rest / n for n, _, rest in samples])),
+        per_word=tuple(samples),
+    )
 
 
 @dataclass
 class OcrBundleReport:
     out: Path
     costs_us: dict[str, float]
-    decode_us: float
+    overhead: ServedOverhead
     summary: dict[str, Any]
     parity: dict[str, float]
 
@@ -123,9 +149,10 @@ def build_ocr_bundle(
         seed=seed,
         log=say,
     )
-    decode_us = profile_decode(train, data)
-    say(f"decode + policy: {decode_us:.1f} µs per letter")
-    return write_ocr_bundle(out_dir, data, data_path, train, costs_us, decode_us)
+    report = write_ocr_bundle(out_dir, data, data_path, train, costs_us)
+    o = report.overhead
+    say(f"served overhead per letter: policy {o.policy_us:.1f} µs, decoding {o.decode_us:.1f} µs")
+    return report
 
 
 def write_ocr_bundle(
@@ -134,8 +161,13 @@ def write_ocr_bundle(
     data_path: Path,
     train: OcrTraining,
     costs_us: dict[str, float],
-    decode_us: float,
+    *,
+    overhead_words: int = 100,
 ) -> OcrBundleReport:
+    """Export ``train`` to ``out_dir``. The strategies' reserves (``decode_cost``,
+    ``policy_cost``) are the bundle's own served overhead: the manifest is written once
+    without them, the staged bundle is loaded and timed by :func:`profile_served` on
+    ``overhead_words`` training words, and the manifest is written again with them."""
     chain = train.chain
     problem = train.policy_problem
     assert problem is not None
@@ -215,55 +247,66 @@ def write_ocr_bundle(
                 blob, scorer.scores(test_inputs), test_inputs, what=f"{key} policy"
             )
             (tmp / f"policy_{key}.onnx").write_bytes(blob)
-        common: dict[str, Any] = {
-            "templates": templates,
-            "base": chain.base.tolist(),
-            "transition": chain.chain.transition.tolist(),
-            "start": chain.chain.start.tolist(),
-            "end": chain.chain.end.tolist(),
-            "answer_model": "chain",
-            "policy_input_dims": int(test_inputs.shape[1]),
-            "decode_cost": decode_us / 1000.0,
-            "max_parts": MAX_LETTERS,
-        }
-        one_shot = StructuredOneShotStrategy(
-            policy_file="policy_oneshot.onnx",
-            subsets=[[ts.names[k] for k in s] for s in ts.subsets()],
-            points=points,
-            **common,
-        )
-        anytime = StructuredAnytimeStrategy(
-            policy_file="policy_anytime.onnx",
-            optional=[ts.names[k] for k in ts.optional],
-            steps=train.anytime.steps,
-            **common,
-        )
-        extractors = [
-            ExtractorSpec(
-                name=f"{name}@{p}",
-                plugin=f"letter_{name}",
-                version="1",
-                dims=int(train.features[k].shape[1]),
-                params={"position": p},
-                cost=CostPolynomial(coefficients=[costs_us[name] / 1000.0], quantile=0.5),
+
+        def manifest_with(overhead: ServedOverhead) -> Manifest:
+            common: dict[str, Any] = {
+                "templates": templates,
+                "base": chain.base.tolist(),
+                "transition": chain.chain.transition.tolist(),
+                "start": chain.chain.start.tolist(),
+                "end": chain.chain.end.tolist(),
+                "answer_model": "chain",
+                "policy_input_dims": int(test_inputs.shape[1]),
+                "decode_cost": overhead.decode_us / 1000.0,
+                "policy_cost": overhead.policy_us / 1000.0,
+                "max_parts": MAX_LETTERS,
+            }
+            one_shot = StructuredOneShotStrategy(
+                policy_file="policy_oneshot.onnx",
+                subsets=[[ts.names[k] for k in s] for s in ts.subsets()],
+                points=points,
+                **common,
             )
-            for p in range(MAX_LETTERS)
-            for k, name in enumerate(ts.names)
-        ]
-        params = {"summary": train.summary(), "costs_us": costs_us, "decode_us": decode_us}
-        manifest = Manifest(
-            name="ocr",
-            version=bundle_version(tmp, json.dumps(params, sort_keys=True).encode()),
-            classes=LETTERS,
-            item=ItemSpec(kind="letters", max_letters=MAX_LETTERS, size_unit="letters"),
-            extractors=extractors,
-            models=models,
-            strategies=[one_shot, anytime],
-            default_strategy=one_shot.name,
-            provenance=provenance(_fingerprint(data_path), params),
-        )
-        write_manifest(tmp, manifest)
+            anytime = StructuredAnytimeStrategy(
+                policy_file="policy_anytime.onnx",
+                optional=[ts.names[k] for k in ts.optional],
+                steps=train.anytime.steps,
+                **common,
+            )
+            extractors = [
+                ExtractorSpec(
+                    name=f"{name}@{p}",
+                    plugin=f"letter_{name}",
+                    version="1",
+                    dims=int(train.features[k].shape[1]),
+                    params={"position": p},
+                    cost=CostPolynomial(coefficients=[costs_us[name] / 1000.0], quantile=0.5),
+                )
+                for p in range(MAX_LETTERS)
+                for k, name in enumerate(ts.names)
+            ]
+            params = {
+                "summary": train.summary(),
+                "costs_us": costs_us,
+                "decode_us": overhead.decode_us,
+                "policy_us": overhead.policy_us,
+            }
+            return Manifest(
+                name="ocr",
+                version=bundle_version(tmp, json.dumps(params, sort_keys=True).encode()),
+                classes=LETTERS,
+                item=ItemSpec(kind="letters", max_letters=MAX_LETTERS, size_unit="letters"),
+                extractors=extractors,
+                models=models,
+                strategies=[one_shot, anytime],
+                default_strategy=one_shot.name,
+                provenance=provenance(_fingerprint(data_path), params),
+            )
+
+        write_manifest(tmp, manifest_with(ServedOverhead(0.0, 0.0)))
+        overhead = profile_served(tmp, data, train.train_words[:overhead_words])
+        write_manifest(tmp, manifest_with(overhead))
         (tmp / "verification.json").write_text(
             json.dumps({"parity_max_rel_error": parity}, indent=2) + "\n"
         )
-    return OcrBundleReport(out_dir, costs_us, decode_us, train.summary(), parity)
+    return OcrBundleReport(out_dir, costs_us, overhead, train.summary(), parity)
