@@ -133,7 +133,7 @@ def _sklearn_rows(data: DigitRows, digits: Bundle) -> list[Row]:
         ("thumbnail + hog", ["thumbnail", "hog"]),
         ("thumbnail only", ["thumbnail"]),
     ):
-        idx = [c for n in names for c in cols[n]]
+        idx = np.asarray([c for n in names for c in cols[n]], dtype=np.int64)
         model = default_learner().fit(data.X[np.ix_(train, idx)], data.labels[train])
         hit = model.predict(data.X[np.ix_(test, idx)]) == data.labels[test]
         cost = _full_cost(data, test, names, digits)

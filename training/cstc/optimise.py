@@ -27,7 +27,7 @@ solved in closed form (eq. 16); routing nodes with L-BFGS on the smooth objectiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -335,7 +335,7 @@ def optimise_node(
     (closed form for a leaf), repeated ``inner`` times."""
     if not nodes[k].routes:
         inner *= 4  # closed form: cheap, and the Lemma-1 iterations converge linearly
-    gram: dict[str, Array] = {}
+    gram: dict[str, npt.NDArray[Any]] = {}
     for _ in range(inner):
         fw = forward(problem, nodes)
         nd = nodes[k]
@@ -364,7 +364,7 @@ def _leaf_closed_form(
     active: npt.NDArray[np.bool_],
     *,
     with_cost: bool = True,
-    gram: dict[str, Array] | None = None,
+    gram: dict[str, npt.NDArray[Any]] | None = None,
 ) -> None:
     """Node k as a leaf, in closed form (eq. 16). ``gram`` keeps the weighted Gram matrix
     between the Lemma-1 iterations of one block: a leaf's row weights depend on its
@@ -477,7 +477,7 @@ def _routing_lbfgs(
 
 def finetune_leaf(problem: Problem, nodes: list[Node], k: int, *, inner: int = 3) -> None:
     """§3.5: re-fit a final classifier's loss (ρ, no cost term) with its zero weights fixed."""
-    gram: dict[str, Array] = {}
+    gram: dict[str, npt.NDArray[Any]] = {}
     for _ in range(inner):
         fw = forward(problem, nodes)
         nd = nodes[k]
