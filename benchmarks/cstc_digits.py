@@ -2,7 +2,7 @@
 Poly-Dom (the served digits bundle's strategy) and plain scikit-learn, on the same held-out
 digits, in one run.
 
-``python -m benchmarks.cstc_digits [--sides 16,32,64,128] [--lambdas 0.1,0.3,1] [--n-jobs 2]``
+``python -m benchmarks.cstc_digits [--sides 16,32,64,128] [--lambdas 0.3,1,1.5,2,3,10]``
 builds the CSTC digits bundle (``training.bundles.cstc_digits``, into ``.bench-tmp/``),
 then serves every held-out digit (held out by identity: never seen at any side) at every
 side through each bundle's strategy runtime with the service's own loop
@@ -232,7 +232,7 @@ def _plot(rows: Sequence[Row], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sides", default="16,32,64,128")
-    parser.add_argument("--lambdas", default="0.1,0.3,1")
+    parser.add_argument("--lambdas", default="0.3,1,1.5,2,3,10")
     parser.add_argument("--methods", default="cstc,cscc,root-only")
     parser.add_argument("--n-jobs", type=int, default=2)
     parser.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS))

@@ -611,7 +611,7 @@ def cstc_digits(
         "cstc,cscc,root-only"
     ),
     lambdas: Annotated[str, typer.Option(help="cost trade-offs λ (costs normalised to mean 1)")] = (
-        "0.1,0.3,1"
+        "0.3,1,1.5,2,3,10"
     ),
     depth: Annotated[int, typer.Option(min=1, max=8)] = 3,
     n_rounds: Annotated[int, typer.Option(min=0, help="coordinate-descent rounds")] = 1,

@@ -67,11 +67,11 @@ class CstcDigitsConfig:
     sides: tuple[int, ...] = (16, 32, 64, 128)
     extractors: tuple[str, ...] = DIGITS_EXTRACTORS
     methods: tuple[str, ...] = DIGITS_METHODS
-    lambdas: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3)
+    lambdas: tuple[float, ...] = (0.3, 1.0, 1.5, 2.0, 3.0, 10.0)
+    n_rounds: int = 1
     depth: int = 3
     sharpness: float = 10.0
     rho: float = 0.001
-    n_rounds: int = 2
     seed: int = 0  # the digits split (training.evaluate.digit_split) and the rendering
     limit: int | None = None  # source digits used (all 1797 when None), as the digits build
     validation_fraction: float = 0.2  # of the train digits, by identity
