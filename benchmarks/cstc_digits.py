@@ -215,10 +215,11 @@ def _plot(rows: Sequence[Row], path: Path) -> None:
         key = r.method if r.method != "logistic regression" else f"LR, {r.setting}"
         groups.setdefault(key, []).append(r)
     for key, rs in groups.items():
-        rs = sorted(rs, key=lambda r: r.cost)
+        rs = sorted((r for r in rs if r.cost > 0), key=lambda r: r.cost)  # log axis
         style = "o" if len(rs) == 1 else "o-"
         ax.plot([r.cost for r in rs], [r.accuracy for r in rs], style, label=key, ms=4)
     ax.set_xscale("log")
+    ax.set_ylim(0.85, 1.0)  # lower points (the tables have them) are off the plot
     ax.set_xlabel("mean cost per item, ms (profiled curves c_f(n))")
     ax.set_ylabel("accuracy on held-out digits")
     ax.set_title("digits at sides 16-128: CSTC / CSCC vs Poly-Dom vs logistic regression")
