@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.bundle import CstcStrategy
+from service.bundle import CstcPoint, CstcStrategy
 from service.cache import InProcessCache
 from service.http import create_app
 from service.registry import load_bundle
@@ -166,3 +166,12 @@ def test_points_are_priced_at_the_item_size(built: CstcDigitsResult) -> None:
         assert chosen.accuracy == max(p.accuracy for p in affordable)
     else:  # none fits: the cheapest
         assert price(chosen, large) == min(price(p, large) for p in points)
+
+
+def test_feature_rates_must_name_features_the_point_reads(built: CstcDigitsResult) -> None:
+    point = strategy(built).points[-1].model_dump()
+    for bad in ({"gabor": 0.5}, {"thumbnail": 1.5}):
+        with pytest.raises(ValueError, match="feature_rates") as err:
+            CstcPoint.model_validate({**point, "feature_rates": bad})
+        assert next(iter(bad)) in str(err.value)
+    assert CstcPoint.model_validate(point).feature_rates == strategy(built).points[-1].feature_rates
