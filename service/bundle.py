@@ -563,6 +563,12 @@ class CstcPoint(_Strict):
     mean_cost: float = Field(ge=0, description="average cost per item on held-out rows")
     accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the hard walk")
     nodes: list[CstcNode] = Field(min_length=1)
+    feature_rates: dict[str, float] | None = Field(
+        default=None,
+        description="fraction of held-out items whose walk acquires each feature; when "
+        "given (bundles whose costs depend on the item's size, e.g. images), the point's "
+        "average cost at size n is Σ rate_f · c_f(n) instead of ``mean_cost``",
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> CstcPoint:
@@ -576,6 +582,14 @@ class CstcPoint(_Strict):
             routes = node.upper is not None or node.lower is not None
             if routes and not node.route_weights and node.features:
                 raise ValueError(f"cstc point {self.id!r}: node {index} routes without weights")
+        if self.feature_rates is not None:
+            read = {f for node in self.nodes for f in node.features}
+            bad = {f: r for f, r in self.feature_rates.items() if f not in read or not 0 <= r <= 1}
+            if bad:
+                raise ValueError(
+                    f"cstc point {self.id!r}: feature_rates {bad} name features no node reads "
+                    f"or rates outside [0, 1]; give a rate in [0, 1] for features of {sorted(read)}"
+                )
         return self
 
 

@@ -41,6 +41,7 @@ STAGES = {
     "_score_point": "sweeping cost trade-offs",
     "_fit_bank_member": "fitting the classifier bank",
     "_fit_task": "fitting gating configurations",
+    "_fit_digits": "fitting cost-sensitive trees",
 }
 
 # Where a command's parallel training tasks run (docs/distributed-training.md): declare
@@ -590,6 +591,94 @@ def cstc(
         )
     console.print(table)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
+
+
+@app.command("cstc-digits")
+def cstc_digits(
+    out: Annotated[Path, typer.Option(help="bundle folder to write")] = Path("models/digits-cstc"),
+    costs_from: Annotated[
+        Path,
+        typer.Option(
+            "--costs-from",
+            help="bundle whose measured cost curves the sensors use (the Poly-Dom digits "
+            "bundle, so both charge the same)",
+        ),
+    ] = Path("models/digits"),
+    sides: Annotated[str, typer.Option(help="every digit is rendered at each side")] = (
+        "16,32,64,128"
+    ),
+    methods: Annotated[str, typer.Option(help="cstc, cscc, cronus, root-only")] = (
+        "cstc,cscc,root-only"
+    ),
+    lambdas: Annotated[str, typer.Option(help="cost trade-offs λ (costs normalised to mean 1)")] = (
+        "0.3,1,1.5,2,3,10"
+    ),
+    depth: Annotated[int, typer.Option(min=1, max=8)] = 3,
+    n_rounds: Annotated[int, typer.Option(min=0, help="coordinate-descent rounds")] = 1,
+    limit: Annotated[int | None, typer.Option(help="source digits used (default: all)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
+) -> None:
+    """Build a CSTC / CSCC bundle (paper 003) for the digits on the image extractors: the
+    feature groups of the digits bundle as sensors at their measured cost c_f(n), digits
+    rendered at every side, held out by identity (the digits bundle's split)."""
+    from training.bundles.cstc_digits import (
+        CstcDigitsConfig,
+        build_cstc_digits_bundle,
+        costs_from_bundle,
+    )
+
+    try:
+        config = CstcDigitsConfig(
+            name=out.name,
+            sides=_sides(sides),
+            methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+            lambdas=tuple(float(v) for v in lambdas.split(",") if v.strip()),
+            depth=depth,
+            n_rounds=n_rounds,
+            limit=limit,
+            seed=seed,
+        )
+        config.check()
+        costs = costs_from_bundle(costs_from, config.extractors)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    workers = open_executor(executor, address, n_jobs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"training {len(config.methods) * len(config.lambdas)} trees on digits at sides "
+        f"{sides} ({workers.describe()})",
+        highlight=False,
+    )
+    with workers, StageProgress(labels=STAGES) as bar:
+        workers.progress = bar.executor_hook
+        result = build_cstc_digits_bundle(out, config, costs, executor=workers, progress=bar.update)
+    table = Table(
+        "operating point",
+        "nodes",
+        "val accuracy",
+        "val cost ms",
+        "test accuracy",
+        "test cost ms",
+        "kept",
+        title=f"{config.name}: cost-sensitive trees on the image extractors (test: held-out "
+        "digits; kept: validation Pareto set)",
+    )
+    kept = set(result.estimators)
+    for p in result.points:
+        table.add_row(
+            p["id"],
+            str(p["nodes"]),
+            f"{p['validation_accuracy']:.3f}",
+            f"{p['validation_cost']:.3f}",
+            f"{p['test_accuracy']:.3f}",
+            f"{p['test_cost']:.3f}",
+            "yes" if p["id"] in kept else "",
+        )
+    console.print(table)
+    console.print(f"[bold]{config.name}[/] {result.manifest.version} written to {out}")
 
 
 @app.command()

@@ -55,7 +55,7 @@ class CstcSession(Session):
         self.runtime = runtime
         self.point = point
         self.per_feature = per_feature
-        self.planned = point.mean_cost
+        self.planned = CstcRuntime.mean_cost(point, per_feature)
         self.expected_accuracy = point.accuracy
         self.current = 0  # the node being paid for
         self.visited: list[int] = []  # nodes whose features are in hand, in walk order
@@ -137,27 +137,36 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
     def _root_cost(self, point: CstcPoint, per_feature: Mapping[str, float]) -> float:
         return sum(per_feature[f] for f in point.nodes[0].features)
 
+    @staticmethod
+    def mean_cost(point: CstcPoint, per_feature: Mapping[str, float]) -> float:
+        """The point's average cost at the item's size: Σ rate_f · c_f(n) when the bundle
+        gives feature rates (size-dependent costs), its declared ``mean_cost`` otherwise."""
+        if point.feature_rates is None:
+            return point.mean_cost
+        return sum(rate * per_feature[f] for f, rate in point.feature_rates.items())
+
     def choose(self, per_feature: Mapping[str, float], budget: float) -> CstcPoint:
         """The most accurate point whose average cost (and root) fits the budget, within
         ``tolerance`` the cheapest; the cheapest point when none fits."""
         fits = [
             p
             for p in self.points
-            if affordable(p.mean_cost, budget, budget)
+            if affordable(self.mean_cost(p, per_feature), budget, budget)
             and affordable(self._root_cost(p, per_feature), budget, budget)
         ]
         if not fits:
-            return min(self.points, key=lambda p: (p.mean_cost, -p.accuracy))
+            return min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
         best = max(p.accuracy for p in fits)
         near = [p for p in fits if p.accuracy >= best - float(self.spec.tolerance) - 1e-12]
-        return min(near, key=lambda p: (p.mean_cost, -p.accuracy))
+        return min(near, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
         return CstcSession(self, self.choose(per_feature, budget), per_feature)
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
-        return pareto((p.mean_cost, p.accuracy, p.id) for p in self.points)
+        per_feature = self.costs.at(size)
+        return pareto((self.mean_cost(p, per_feature), p.accuracy, p.id) for p in self.points)
 
     def skyline_features(self, entry: str) -> list[str]:
         point = self.by_id[entry]

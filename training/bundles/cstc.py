@@ -183,7 +183,7 @@ def build_cstc_bundle(
                 "nodes": len(est.nodes_),
             }
         )
-    kept = _pareto(rows) if spec.pareto else rows
+    kept = pareto_points(rows) if spec.pareto else rows
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
     prior = np.asarray([np.mean(y_train == c) for c in classes])
     with staging(out_dir) as tmp:
@@ -199,23 +199,10 @@ def build_cstc_bundle(
         points = []
         for row in kept:
             est = by_id[row["id"]]
-            nodes = []
-            for k, node in enumerate(est.export_nodes_):
-                model = _export_node(tmp, f"{row['id']}.n{k}", est, node, groups, sensor_names)
-                model = _with_accuracy(model, est, node, groups, x_test, y_test)
-                models.append(model)
-                cols, _, route = node_inputs(node, groups, x.shape[1])
-                nodes.append(
-                    CstcNode(
-                        model=model.id,
-                        features=[sensor_names[g] for g in node.groups],
-                        route_weights=[float(v) for v in route] if node.routes else [],
-                        route_bias=float(node.route_b),
-                        upper=node.upper,
-                        lower=node.lower,
-                    )
-                )
-                _verify(tmp, model, est, node, cols, x_test)
+            node_models, nodes = export_point(
+                tmp, row["id"], est, groups, sensor_names, x_test, y_test
+            )
+            models += node_models
             points.append(
                 CstcPoint(
                     id=row["id"],
@@ -264,7 +251,40 @@ def build_cstc_bundle(
     )
 
 
-def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def export_point(
+    folder: Path,
+    point_id: str,
+    est: CSTCClassifier,
+    groups: list[list[int]],
+    sensor_names: list[str],
+    x_test: npt.NDArray[np.float64],
+    y_test: npt.NDArray[Any],
+) -> tuple[list[ModelSpec], list[CstcNode]]:
+    """One fitted tree's nodes: each node's classifier exported (ONNX, checked against the
+    fitted node on ``x_test``; its accuracy alone on those rows) and its routing as
+    manifest arrays."""
+    models: list[ModelSpec] = []
+    nodes: list[CstcNode] = []
+    for k, node in enumerate(est.export_nodes_):
+        model = _export_node(folder, f"{point_id}.n{k}", est, node, groups, sensor_names)
+        model = _with_accuracy(model, est, node, groups, x_test, y_test)
+        models.append(model)
+        cols, _, route = node_inputs(node, groups, est.n_features_in_)
+        nodes.append(
+            CstcNode(
+                model=model.id,
+                features=[sensor_names[g] for g in node.groups],
+                route_weights=[float(v) for v in route] if node.routes else [],
+                route_bias=float(node.route_b),
+                upper=node.upper,
+                lower=node.lower,
+            )
+        )
+        _verify(folder, model, est, node, cols, x_test)
+    return models, nodes
+
+
+def pareto_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for row in sorted(rows, key=lambda r: (r["validation_cost"], -r["validation_accuracy"])):
         if not out or row["validation_accuracy"] > out[-1]["validation_accuracy"]:

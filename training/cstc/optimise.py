@@ -27,7 +27,7 @@ solved in closed form (eq. 16); routing nodes with L-BFGS on the smooth objectiv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -335,6 +335,7 @@ def optimise_node(
     (closed form for a leaf), repeated ``inner`` times."""
     if not nodes[k].routes:
         inner *= 4  # closed form: cheap, and the Lemma-1 iterations converge linearly
+    gram: dict[str, npt.NDArray[Any]] = {}
     for _ in range(inner):
         fw = forward(problem, nodes)
         nd = nodes[k]
@@ -343,7 +344,7 @@ def optimise_node(
         if not active.any() and nd.B.any():
             nd.B[:] = 0.0
         if not nd.routes:
-            _leaf_closed_form(problem, nodes, fw, k, gamma, active)
+            _leaf_closed_form(problem, nodes, fw, k, gamma, active, gram=gram)
         else:
             _routing_lbfgs(problem, nodes, fw, k, gamma, active, maxiter)
         _clamp(nd)
@@ -363,7 +364,12 @@ def _leaf_closed_form(
     active: npt.NDArray[np.bool_],
     *,
     with_cost: bool = True,
+    gram: dict[str, npt.NDArray[Any]] | None = None,
 ) -> None:
+    """Node k as a leaf, in closed form (eq. 16). ``gram`` keeps the weighted Gram matrix
+    between the Lemma-1 iterations of one block: a leaf's row weights depend on its
+    ancestors only, and its active columns only shrink, so later iterations take a
+    sub-block instead of recomputing X'ΩX (the bulk of the cost on wide data)."""
     nd = nodes[k]
     n = problem.X.shape[0]
     omega = loss_weight(problem, nodes, fw, k) / n
@@ -378,11 +384,19 @@ def _leaf_closed_form(
             reg = reg + problem.lam * pl * side.Q[0]
     cols = np.flatnonzero(active)
     nd.B[:] = 0.0
-    Xa = np.hstack([problem.X[:, cols], np.ones((n, 1))])
-    A = Xa.T @ (Xa * omega[:, None])
+    cached = gram is not None and "A" in gram and np.array_equal(gram["omega"], omega)
+    if cached and gram is not None and np.isin(cols, gram["cols"]).all():
+        pick = np.append(np.searchsorted(gram["cols"], cols), len(gram["cols"]))
+        A = gram["A"][np.ix_(pick, pick)]
+        rhs = gram["rhs"][pick]
+    else:
+        Xa = np.hstack([problem.X[:, cols], np.ones((n, 1))])
+        A = Xa.T @ (Xa * omega[:, None])
+        rhs = Xa.T @ (problem.Y * omega[:, None])
+        if gram is not None:
+            gram.update(A=A.copy(), rhs=rhs, cols=cols, omega=omega)
     A[np.arange(len(cols)), np.arange(len(cols))] += reg[cols]
     A[np.diag_indices_from(A)] += 1e-10 * (1.0 + np.trace(A) / len(A))
-    rhs = Xa.T @ (problem.Y * omega[:, None])
     sol = np.linalg.solve(A, rhs)
     nd.B[cols] = sol[:-1]
     nd.b[:] = sol[-1]
@@ -463,9 +477,10 @@ def _routing_lbfgs(
 
 def finetune_leaf(problem: Problem, nodes: list[Node], k: int, *, inner: int = 3) -> None:
     """§3.5: re-fit a final classifier's loss (ρ, no cost term) with its zero weights fixed."""
+    gram: dict[str, npt.NDArray[Any]] = {}
     for _ in range(inner):
         fw = forward(problem, nodes)
         nd = nodes[k]
         gamma = np.maximum(np.sqrt(column_norms(nd)), CLAMP)
         active = np.sqrt(column_norms(nd)) > 0
-        _leaf_closed_form(problem, nodes, fw, k, gamma, active, with_cost=False)
+        _leaf_closed_form(problem, nodes, fw, k, gamma, active, with_cost=False, gram=gram)

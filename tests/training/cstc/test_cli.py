@@ -55,3 +55,26 @@ def test_cli_builds_trees_and_cascades(tmp_path: Path) -> None:
         app, ["cstc", "--csv", str(tmp_path / "data.csv"), "--spec", str(tmp_path / "bad.json")]
     )
     assert result.exit_code != 0 and "oblique" in result.output
+
+
+def test_cli_builds_a_digits_bundle_on_the_image_extractors(tmp_path: Path) -> None:
+    out = tmp_path / "digits-trees"
+    args = ["cstc-digits", "--out", str(out), "--limit", "80", "--sides", "16,24"]
+    args += ["--methods", "root-only", "--lambdas", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest.item.kind == "image" and manifest.cost_unit == "ms"
+    digits = read_manifest(Path(__file__).resolve().parents[3] / "models" / "digits")
+    # the sensors are the digits bundle's extractors, at the same measured curves
+    assert [(e.name, e.cost) for e in manifest.extractors] == [
+        (e.name, e.cost) for e in digits.extractors
+    ]
+    strategy = manifest.strategy("cstc")
+    assert isinstance(strategy, CstcStrategy)
+    assert all(p.feature_rates for p in strategy.points)
+    assert manifest.provenance.parameters["digits"]["test"] == 16  # 20 % of 80, by identity
+    assert load_bundle(out, max_pixels=1 << 20).runtimes["cstc"].kind == "cstc"
+    for bad, word in ((["--sides", "4"], "sides"), (["--methods", "oblique"], "oblique")):
+        result = CliRunner().invoke(app, ["cstc-digits", "--out", str(tmp_path / "x"), *bad])
+        assert result.exit_code != 0 and word in result.output

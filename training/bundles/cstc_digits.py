@@ -1,0 +1,416 @@
+"""Build a CSTC / CSCC bundle (paper 003) for the digits on the image extractors, so the tree
+can be compared with Poly-Dom on the same items (``budgetserve-train cstc-digits``).
+
+The sensors are the digits bundle's image feature groups (thumbnail, histogram, projection,
+hog, lbp, fft_bands, gabor), each read whole by its extractor plugin, at the measured cost
+c_f(n) of its profiled curve at the item's size n (by default the curves of the embedded
+digits bundle, ``models/digits``, so both bundles charge the same). Every source digit is
+rendered at each of ``sides`` and sent through a PNG round trip, so the features trained on
+are the ones the service extracts from the PNG; the digits are split BY IDENTITY with
+:func:`training.evaluate.digit_split` (the digits bundle's split): a held-out digit is
+never seen at any side, the same digit at another side is not a held-out item. The train
+digits are split again by identity into fitting and validation digits.
+
+Costs: the optimiser takes one cost per group, so a tree is trained with each group's cost
+averaged over the training sides (the expected cost of the group for an item of the
+training mix), normalised to mean 1 so λ keeps the meaning it has on tabular data. The
+bundle ships the size-dependent curves; each point carries its ``feature_rates`` (the
+fraction of validation items whose walk reads each group), so the service prices a point
+at the request's size as Σ rate_f · c_f(n) and picks it under the budget. The points'
+``accuracy``, ``mean_cost`` and rates come from validation digits (nothing of the held-out
+digits enters a choice); the held-out numbers are in the provenance's sweep and
+``result.points``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.bundle import (
+    CostPolynomial,
+    CstcPoint,
+    CstcStrategy,
+    ExtractorSpec,
+    ItemSpec,
+    Manifest,
+    ModelSpec,
+    read_manifest,
+    write_manifest,
+)
+from service.extractors.base import Extractor, create_extractor
+from training.bundles.cstc import Config, export_point, pareto_points
+from training.bundles.digits import DIGITS_EXTRACTORS
+from training.bundles.writer import bundle_version, provenance, staging
+from training.cstc import CSTCClassifier
+from training.executor import INLINE, Executor
+
+Array = npt.NDArray[np.float64]
+Progress = Callable[[str, int, int], None]
+DIGITS_METHODS = ("cstc", "cscc", "root-only")
+
+
+def _noop(stage: str, done: int, total: int) -> None:
+    return None
+
+
+@dataclass
+class CstcDigitsConfig:
+    name: str = "digits-cstc"
+    sides: tuple[int, ...] = (16, 32, 64, 128)
+    extractors: tuple[str, ...] = DIGITS_EXTRACTORS
+    methods: tuple[str, ...] = DIGITS_METHODS
+    lambdas: tuple[float, ...] = (0.3, 1.0, 1.5, 2.0, 3.0, 10.0)
+    n_rounds: int = 1
+    depth: int = 3
+    sharpness: float = 10.0
+    rho: float = 0.001
+    seed: int = 0  # the digits split (training.evaluate.digit_split) and the rendering
+    limit: int | None = None  # source digits used (all 1797 when None), as the digits build
+    validation_fraction: float = 0.2  # of the train digits, by identity
+    tolerance: float = 0.0
+    max_pixels: int = 1024 * 1024
+
+    def check(self) -> None:
+        if not self.sides or any(not isinstance(s, int) or s < 8 for s in self.sides):
+            raise ValueError(
+                f"sides must be integers >= 8 (the image's min side), got {self.sides}"
+            )
+        unknown = [m for m in self.methods if m not in ("cstc", "cscc", "cronus", "root-only")]
+        if unknown:
+            raise ValueError(f"methods {unknown} are unknown; known: cstc, cscc, cronus, root-only")
+        if not self.lambdas or any(v < 0 for v in self.lambdas):
+            raise ValueError(
+                f"lambdas must be a non-empty list of numbers >= 0, got {self.lambdas}"
+            )
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
+            )
+
+
+@dataclass
+class DigitRows:
+    """Every (digit, side) rendered, PNG round-tripped and extracted: ``X`` holds the
+    groups' columns side by side (``groups`` lists each group's columns), one row per item."""
+
+    names: list[str]
+    groups: list[list[int]]
+    X: Array
+    labels: npt.NDArray[np.int64]
+    sides: npt.NDArray[np.int64]
+    identity: npt.NDArray[np.int64]  # index into load_digits
+    fit: npt.NDArray[np.int64]  # row positions
+    validation: npt.NDArray[np.int64]
+    test: npt.NDArray[np.int64]
+    fingerprint: str
+
+    def size(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        out: npt.NDArray[np.int64] = self.sides[rows] ** 2
+        return out
+
+
+def costs_from_bundle(bundle_dir: Path, names: Sequence[str]) -> dict[str, CostPolynomial]:
+    """The measured cost curves of ``names`` in a bundle's manifest (the digits bundle's)."""
+    manifest = read_manifest(bundle_dir)
+    curves = {e.name: e.cost for e in manifest.extractors}
+    missing = [n for n in names if n not in curves]
+    if missing:
+        raise ValueError(
+            f"{bundle_dir} has no cost curve for {missing} (it has {sorted(curves)}); "
+            "profile them (budgetserve-train profile) or choose extractors it has"
+        )
+    return {n: curves[n] for n in names}
+
+
+def digit_png(index: int, side: int, seed: int) -> bytes:
+    """Digit ``index`` (of ``load_digits``) rendered at ``side`` with the jitter of
+    ``(seed, index, side)`` (as :func:`training.data.digits.load_digit_images` draws it),
+    as the PNG a client sends."""
+    from training.data.digits import digits_source, render_digit, to_png
+
+    images, _ = digits_source()
+    return to_png(render_digit(images[index], side, np.random.default_rng([seed, index, side])))
+
+
+def render_png_round_trip(index: int, side: int, seed: int) -> npt.NDArray[np.float32]:
+    """:func:`digit_png` decoded the way the service decodes an item: the exact pixels the
+    service extracts from."""
+    from training.data.digits import from_png
+
+    return from_png(digit_png(index, side, seed))
+
+
+def digits_rows(
+    extractors: Sequence[Extractor],
+    sides: Sequence[int],
+    *,
+    seed: int = 0,
+    limit: int | None = None,
+    validation_fraction: float = 0.2,
+    progress: Progress = _noop,
+) -> DigitRows:
+    """Render every digit of the split at every side and extract every group once."""
+    from training.data.digits import digits_source
+    from training.evaluate import digit_split
+
+    _, all_labels = digits_source()
+    train_ids, test_ids = digit_split(seed, limit)
+    rng = np.random.default_rng([seed, 0xC57C])
+    shuffled = rng.permutation(train_ids)
+    n_val = max(1, round(validation_fraction * len(shuffled)))
+    val_ids, fit_ids = np.sort(shuffled[:n_val]), np.sort(shuffled[n_val:])
+    ids = np.concatenate([fit_ids, val_ids, np.sort(test_ids)])
+    part = np.repeat([0, 1, 2], [len(fit_ids), len(val_ids), len(test_ids)])
+    dims = [e.dims for e in extractors]
+    groups, start = [], 0
+    for d in dims:
+        groups.append(list(range(start, start + d)))
+        start += d
+    n = len(ids) * len(sides)
+    X = np.zeros((n, start), dtype=np.float64)
+    identity = np.repeat(ids, len(sides)).astype(np.int64)
+    where = np.repeat(part, len(sides))
+    side_of = np.tile(np.asarray(sides, dtype=np.int64), len(ids))
+    for i in range(n):
+        image = render_png_round_trip(int(identity[i]), int(side_of[i]), seed)
+        for e, cols in zip(extractors, groups, strict=True):
+            # float32, as the extractor serves it
+            X[i, cols] = np.asarray(e.extract(image), dtype=np.float32)
+        progress("extract", i + 1, n)
+    h = hashlib.sha256(np.ascontiguousarray(X).tobytes())
+    h.update(json.dumps({"sides": list(map(int, sides)), "seed": seed, "limit": limit}).encode())
+    return DigitRows(
+        names=[e.name for e in extractors],
+        groups=groups,
+        X=X,
+        labels=np.asarray(all_labels[identity], dtype=np.int64),
+        sides=side_of,
+        identity=identity,
+        fit=np.flatnonzero(where == 0).astype(np.int64),
+        validation=np.flatnonzero(where == 1).astype(np.int64),
+        test=np.flatnonzero(where == 2).astype(np.int64),
+        fingerprint="sha256:" + h.hexdigest(),
+    )
+
+
+def training_costs(
+    costs: dict[str, CostPolynomial], names: Sequence[str], sides: Sequence[int]
+) -> tuple[Array, float]:
+    """Each group's cost averaged over the training sides, normalised to mean 1 (and the
+    scale: normalised × scale = ms)."""
+    raw = np.asarray([np.mean([costs[n](s * s) for s in sides]) for n in names], dtype=np.float64)
+    scale = float(raw.mean())
+    return raw / scale, scale
+
+
+@dataclass(frozen=True)
+class FitParams:
+    depth: int
+    sharpness: float
+    rho: float
+    n_rounds: int
+    seed: int
+
+
+def make_digits_estimator(
+    params: FitParams, config: Config, groups: list[list[int]], costs: Array
+) -> CSTCClassifier:
+    method = config.method
+    return CSTCClassifier(
+        costs=costs,
+        groups=groups,
+        lam=config.lam,
+        rho=params.rho,
+        depth=1 if method == "root-only" else params.depth,
+        structure="cascade" if method in ("cscc", "cronus") else "tree",
+        cost_model="cronus" if method == "cronus" else "paths",
+        sharpness=params.sharpness,
+        n_rounds=params.n_rounds,
+        random_state=params.seed,
+    )
+
+
+def _fit_digits(
+    params: FitParams,
+    groups: list[list[int]],
+    costs: Array,
+    x: Array,
+    y: npt.NDArray[Any],
+    config: Config,
+) -> CSTCClassifier:
+    return make_digits_estimator(params, config, groups, costs).fit(x, y)
+
+
+def walk_costs(
+    est: CSTCClassifier,
+    data: DigitRows,
+    rows: npt.NDArray[np.int64],
+    costs: dict[str, CostPolynomial],
+) -> tuple[Array, npt.NDArray[np.bool_]]:
+    """Each row's walk cost in ms at its own size (the groups it reads, each at c_f(n)),
+    and which groups each row reads (rows x groups)."""
+    walks = est.walk(data.X[rows])
+    read = np.zeros((len(rows), len(data.names)), dtype=bool)
+    for i, w in enumerate(walks):
+        for acquired in w.acquired:
+            read[i, acquired] = True
+    per_side = {
+        int(s): np.asarray([costs[n](int(s) ** 2) for n in data.names]) for s in set(data.sides)
+    }
+    unit = np.stack([per_side[int(s)] for s in data.sides[rows]])
+    return (read * unit).sum(axis=1), read
+
+
+@dataclass
+class CstcDigitsResult:
+    manifest: Manifest
+    path: Path
+    points: list[dict[str, Any]]
+    estimators: dict[str, CSTCClassifier]
+    data: DigitRows
+    costs: dict[str, CostPolynomial]
+    sweep: dict[str, CSTCClassifier] = field(default_factory=dict)
+
+
+def build_cstc_digits_bundle(
+    out_dir: Path,
+    config: CstcDigitsConfig,
+    costs: dict[str, CostPolynomial],
+    *,
+    data: DigitRows | None = None,
+    executor: Executor = INLINE,
+    progress: Progress = _noop,
+) -> CstcDigitsResult:
+    """Render and extract (unless ``data`` is given), fit every (method, λ) on the fitting
+    digits, keep the validation Pareto set, export every node (checked against the fitted
+    one on the held-out digits) and write the bundle atomically."""
+    config.check()
+    extractors = [create_extractor(n) for n in config.extractors]
+    names = [e.name for e in extractors]
+    if data is None:
+        data = digits_rows(
+            extractors,
+            config.sides,
+            seed=config.seed,
+            limit=config.limit,
+            validation_fraction=config.validation_fraction,
+            progress=progress,
+        )
+    norm_costs, scale = training_costs(costs, names, config.sides)
+    params = FitParams(config.depth, config.sharpness, config.rho, config.n_rounds, config.seed)
+    configs = [Config(m, float(lam)) for m in config.methods for lam in config.lambdas]
+    X, y = data.X, data.labels
+    fitted = executor.map(
+        _fit_digits, configs, shared=(params, data.groups, norm_costs, X[data.fit], y[data.fit])
+    )
+    rows: list[dict[str, Any]] = []
+    for cfg, est in zip(configs, fitted, strict=True):
+        val_cost, val_read = walk_costs(est, data, data.validation, costs)
+        test_cost, _ = walk_costs(est, data, data.test, costs)
+        rows.append(
+            {
+                "id": cfg.id,
+                "method": cfg.method,
+                "lam": cfg.lam,
+                "validation_accuracy": float(
+                    np.mean(est.predict(X[data.validation]) == y[data.validation])
+                ),
+                "validation_cost": float(val_cost.mean()),
+                "feature_rates": {
+                    n: float(r) for n, r in zip(names, val_read.mean(axis=0), strict=True) if r > 0
+                },
+                "test_accuracy": float(np.mean(est.predict(X[data.test]) == y[data.test])),
+                "test_cost": float(test_cost.mean()),
+                "nodes": len(est.nodes_),
+            }
+        )
+    kept = pareto_points(rows)
+    by_id = dict(zip((c.id for c in configs), fitted, strict=True))
+    classes = np.unique(y[data.fit])
+    prior = np.asarray([np.mean(y[data.fit] == c) for c in classes])
+    x_test, y_test = X[data.test], y[data.test]
+    with staging(out_dir) as tmp:
+        models = [
+            ModelSpec(
+                id="prior",
+                features=[],
+                accuracy=float(np.mean(y[data.validation] == classes[int(np.argmax(prior))])),
+                prior=[float(p) for p in prior],
+                input_dims=0,
+            )
+        ]
+        points = []
+        for row in kept:
+            node_models, nodes = export_point(
+                tmp, row["id"], by_id[row["id"]], data.groups, names, x_test, y_test
+            )
+            models += node_models
+            points.append(
+                CstcPoint(
+                    id=row["id"],
+                    method=row["method"],
+                    lam=row["lam"],
+                    mean_cost=row["validation_cost"],
+                    accuracy=row["validation_accuracy"],
+                    nodes=nodes,
+                    feature_rates=row["feature_rates"],
+                )
+            )
+        manifest = Manifest(
+            name=config.name,
+            version=bundle_version(tmp),
+            classes=[str(c) for c in classes],
+            cost_unit="ms",
+            item=ItemSpec(kind="image", max_pixels=config.max_pixels),
+            extractors=[
+                ExtractorSpec(name=e.name, version=e.version, dims=e.dims, cost=costs[e.name])
+                for e in extractors
+            ],
+            models=models,
+            strategies=[
+                CstcStrategy(name="cstc", points=points, tolerance=config.tolerance),
+            ],
+            default_strategy="cstc",
+            provenance=provenance(
+                data.fingerprint,
+                {
+                    "sides": list(config.sides),
+                    "extractors": names,
+                    "training_costs_ms": {
+                        n: float(c * scale) for n, c in zip(names, norm_costs, strict=True)
+                    },
+                    "methods": list(config.methods),
+                    "lambdas": list(config.lambdas),
+                    "depth": config.depth,
+                    "sharpness": config.sharpness,
+                    "rho": config.rho,
+                    "seed": config.seed,
+                    "limit": config.limit,
+                    "split": "by digit identity (training.evaluate.digit_split)",
+                    "digits": {
+                        "fit": len(set(data.identity[data.fit].tolist())),
+                        "validation": len(set(data.identity[data.validation].tolist())),
+                        "test": len(set(data.identity[data.test].tolist())),
+                    },
+                    "sweep": rows,
+                },
+            ),
+        )
+        write_manifest(tmp, manifest)
+    return CstcDigitsResult(
+        manifest,
+        out_dir,
+        rows,
+        {r["id"]: by_id[r["id"]] for r in kept},
+        data,
+        costs,
+        by_id,
+    )
