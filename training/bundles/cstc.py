@@ -88,22 +88,49 @@ class Config:
         return f"{self.method}-l{self.lam:g}"
 
 
-def make_estimator(
-    spec: CstcSpec, config: Config, groups: list[list[int]], costs: list[float]
+def estimator_for(
+    config: Config,
+    groups: list[list[int]],
+    costs: Any,
+    *,
+    rho: float,
+    depth: int,
+    sharpness: float,
+    n_rounds: int,
+    seed: int,
+    class_weight: str | dict[Any, float] | None = None,
 ) -> CSTCClassifier:
+    """The estimator a method name stands for: ``root-only`` is a depth-1 tree, ``cscc`` and
+    ``cronus`` are cascades, ``cronus`` prices features with Cronus's cost form."""
     method = config.method
     return CSTCClassifier(
         costs=costs,
         groups=groups,
         lam=config.lam,
-        rho=spec.rho,
-        depth=1 if method == "root-only" else spec.depth,
+        rho=rho,
+        depth=1 if method == "root-only" else depth,
         structure="cascade" if method in ("cscc", "cronus") else "tree",
         cost_model="cronus" if method == "cronus" else "paths",
+        sharpness=sharpness,
+        n_rounds=n_rounds,
+        class_weight=class_weight,
+        random_state=seed,
+    )
+
+
+def make_estimator(
+    spec: CstcSpec, config: Config, groups: list[list[int]], costs: list[float]
+) -> CSTCClassifier:
+    return estimator_for(
+        config,
+        groups,
+        costs,
+        rho=spec.rho,
+        depth=spec.depth,
         sharpness=spec.sharpness,
         n_rounds=spec.n_rounds,
+        seed=spec.seed,
         class_weight=spec.class_weight,
-        random_state=spec.seed,
     )
 
 

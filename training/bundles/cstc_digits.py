@@ -46,7 +46,7 @@ from service.bundle import (
     write_manifest,
 )
 from service.extractors.base import Extractor, create_extractor
-from training.bundles.cstc import Config, export_point, pareto_points
+from training.bundles.cstc import Config, estimator_for, export_point, pareto_points
 from training.bundles.digits import DIGITS_EXTRACTORS
 from training.bundles.writer import bundle_version, provenance, staging
 from training.cstc import CSTCClassifier
@@ -223,18 +223,15 @@ class FitParams:
 def make_digits_estimator(
     params: FitParams, config: Config, groups: list[list[int]], costs: Array
 ) -> CSTCClassifier:
-    method = config.method
-    return CSTCClassifier(
-        costs=costs,
-        groups=groups,
-        lam=config.lam,
+    return estimator_for(
+        config,
+        groups,
+        costs,
         rho=params.rho,
-        depth=1 if method == "root-only" else params.depth,
-        structure="cascade" if method in ("cscc", "cronus") else "tree",
-        cost_model="cronus" if method == "cronus" else "paths",
+        depth=params.depth,
         sharpness=params.sharpness,
         n_rounds=params.n_rounds,
-        random_state=params.seed,
+        seed=params.seed,
     )
 
 
