@@ -92,12 +92,7 @@ class ParserSession(Session):
         self.decode_cost = runtime.spec.decode_cost(n)
         self.plan = _Plan()
         self.expected_accuracy = point.uas
-        self.planned = (
-            per_feature.get(WORDS, 0.0) * (runtime.spec.policy in ("oneshot", "anytime"))
-            + sum(per_feature.get(pos_name(i), 0.0) for i in range(n + 1))
-            + point.full_fraction * n * self.lex_cost
-            + self.decode_cost
-        )
+        self.planned = runtime.base_cost(n, per_feature) + point.full_fraction * n * self.lex_cost
         self.myopic_margin: float | None = None
         self.drawn = runtime.spec.policy not in ("uniform-word", "uniform-sentence")
         self.result: ParseAnswer | None = None
@@ -275,10 +270,17 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
             templates.append("full" if lex is not None else "pos")
         return matrix, templates
 
+    def base_cost(self, n: int, per_feature: dict[str, float]) -> float:
+        """What every point pays at ``n`` tokens: ψ^POS for every head, decoding, and the
+        policy's ``words`` features when the policy reads them (one-shot and anytime)."""
+        base = sum(per_feature.get(pos_name(i), 0.0) for i in range(n + 1))
+        if self.spec.policy in ("oneshot", "anytime"):
+            base += per_feature.get(WORDS, 0.0)
+        return base + self.spec.decode_cost(n)
+
     def choose(self, n: int, budget: float, per_feature: dict[str, float]) -> ParserPoint:
         """The most accurate point whose expected cost at ``n`` tokens fits ``budget``."""
-        base = sum(per_feature.get(pos_name(i), 0.0) for i in range(n + 1))
-        base += per_feature.get(WORDS, 0.0) + self.spec.decode_cost(n)
+        base = self.base_cost(n, per_feature)
         lex = per_feature.get(lex_name(1), 0.0)
         for point in self.points:
             if base + point.full_fraction * n * lex <= budget:
@@ -297,8 +299,7 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
         per_feature = self.costs.at(size)
-        base = sum(per_feature.get(pos_name(i), 0.0) for i in range(size + 1))
-        base += per_feature.get(WORDS, 0.0) + self.spec.decode_cost(size)
+        base = self.base_cost(size, per_feature)
         lex = per_feature.get(lex_name(1), 0.0)
         out: list[tuple[float, float, str]] = []
         for cost, uas, pid in sorted(

@@ -179,3 +179,35 @@ def test_bad_sentences_get_a_clear_4xx(
     response = client.post("/predict", json={"model": "ewt-parser", "budget": 50, "item": item})
     assert response.status_code == status, response.text
     assert mentions in response.text
+
+
+@pytest.mark.parametrize(
+    "strategy", ["oneshot", "anytime", "myopic", "uniform-word", "uniform-sentence"]
+)
+def test_the_point_chosen_is_the_most_accurate_whose_planned_cost_fits(
+    parser_bundle_dir: Path, strategy: str
+) -> None:
+    # Oracle: price every point as its session plans it (only one-shot and anytime read the
+    # policy's `words` features), keep those within the budget, take the most accurate. The
+    # runtime's choice must be that point: it once priced `words` for every policy, so the
+    # baselines chose below what they could afford.
+    from service.registry import load_bundle
+    from service.strategies.parsing import ParserRuntime, ParserSession
+
+    runtime = load_bundle(parser_bundle_dir, 1 << 20).strategy(strategy)
+    assert isinstance(runtime, ParserRuntime)
+    checked = 0
+    for n in (5, 20, MAX_TOKENS):
+        per_feature = runtime.costs.at(n)
+        priced = [(ParserSession(runtime, p, n, per_feature).planned, p) for p in runtime.points]
+        for cost, _ in priced:
+            for budget in (cost * 0.999, cost, cost * 1.001):
+                chosen = runtime.choose(n, budget, per_feature)
+                fits = [p for c, p in priced if c <= budget]
+                if fits:
+                    assert chosen.uas == max(p.uas for p in fits), (n, budget)
+                    assert ParserSession(runtime, chosen, n, per_feature).planned <= budget
+                    checked += 1
+                else:
+                    assert chosen.full_fraction == min(p.full_fraction for p in runtime.points)
+    assert checked > 0
