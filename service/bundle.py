@@ -963,10 +963,29 @@ class Manifest(_Strict):
         features_of = {m.id: set(m.features) for m in self.models}
         for strategy in self.strategies:
             strategy.check_extractors(dims, features_of)
+            self._check_item_limit(strategy)
             missing = sorted(strategy.referenced_models() - known)
             if missing:
                 raise ValueError(f"strategy {strategy.name!r} references unknown models {missing}")
         return self
+
+    def _check_item_limit(self, strategy: StrategySpec) -> None:
+        """An item the decoder accepts must be one the strategy can serve: a longer word or
+        sentence would otherwise fail in the middle of a request."""
+        if isinstance(strategy, _StructuredStrategy) and self.item.kind == "letters":
+            accepted, served, unit = self.item.max_letters, strategy.max_parts, "letters"
+            fields = "item.max_letters", "max_parts"
+        elif isinstance(strategy, ParserStrategy) and self.item.kind == "tokens":
+            accepted, served, unit = self.item.max_tokens, strategy.max_tokens, "tokens"
+            fields = "item.max_tokens", "max_tokens"
+        else:
+            return
+        if accepted > served:
+            raise ValueError(
+                f"{fields[0]} = {accepted} accepts longer items than strategy "
+                f"{strategy.name!r} serves ({fields[1]} = {served} {unit}): lower "
+                f"{fields[0]} to {served} or rebuild the strategy for {accepted}"
+            )
 
     def polydom(self) -> PolyDomStrategy:
         """The first Poly-Dom strategy (its lattice statistics and index); KeyError if none."""

@@ -211,3 +211,20 @@ def test_the_point_chosen_is_the_most_accurate_whose_planned_cost_fits(
                 else:
                     assert chosen.full_fraction == min(p.full_fraction for p in runtime.points)
     assert checked > 0
+
+
+def test_a_manifest_accepting_longer_sentences_than_its_parser_serves_is_refused(
+    parser_bundle_dir: Path,
+) -> None:
+    import json
+
+    from pydantic import ValidationError
+
+    from service.bundle import Manifest
+
+    raw = json.loads((parser_bundle_dir / "manifest.json").read_text())
+    assert Manifest.model_validate(raw).item.max_tokens == MAX_TOKENS
+    raw["item"]["max_tokens"] = MAX_TOKENS + 1
+    with pytest.raises(ValidationError) as caught:
+        Manifest.model_validate(raw)
+    assert f"item.max_tokens = {MAX_TOKENS + 1}" in str(caught.value)

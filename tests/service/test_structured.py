@@ -333,3 +333,24 @@ def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: Te
     refused = infer("ITEM", ["{", "[1]"])
     assert refused.status_code == 400
     assert "ITEM[0] is not a JSON document" in refused.json()["error"]
+
+
+def test_a_manifest_accepting_longer_words_than_its_strategies_serve_is_refused(
+    trained: Trained,
+) -> None:
+    # A word the decoder accepts but the strategy cannot serve would fail mid-request: the
+    # manifest refuses the combination when it is read, naming both fields and the fix.
+    import json
+
+    from pydantic import ValidationError
+
+    from service.bundle import Manifest
+
+    raw = json.loads((trained.folder / "manifest.json").read_text())
+    served = min(s["max_parts"] for s in raw["strategies"])
+    assert Manifest.model_validate(raw).item.max_letters <= served
+    raw["item"]["max_letters"] = served + 1
+    with pytest.raises(ValidationError) as caught:
+        Manifest.model_validate(raw)
+    message = str(caught.value)
+    assert f"item.max_letters = {served + 1}" in message and f"max_parts = {served}" in message
