@@ -815,6 +815,14 @@ class ParserStrategy(StrategySpec):
     decode_cost: CostPolynomial = Field(description="scoring + decoding time at n tokens")
     points: list[ParserPoint] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _unique_points(self) -> ParserStrategy:
+        ids = [p.id for p in self.points]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"strategy {self.name!r}: duplicate point ids {repeated}")
+        return self
+
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -228,3 +228,19 @@ def test_a_manifest_accepting_longer_sentences_than_its_parser_serves_is_refused
     with pytest.raises(ValidationError) as caught:
         Manifest.model_validate(raw)
     assert f"item.max_tokens = {MAX_TOKENS + 1}" in str(caught.value)
+
+
+def test_duplicate_parser_point_ids_are_refused(parser_bundle_dir: Path) -> None:
+    # The runtime keys its policies by point id: a repeat would silently replace one.
+    import json
+
+    from pydantic import ValidationError
+
+    from service.bundle import Manifest
+
+    raw = json.loads((parser_bundle_dir / "manifest.json").read_text())
+    strategy = next(s for s in raw["strategies"] if len(s["points"]) > 1)
+    strategy["points"][1]["id"] = strategy["points"][0]["id"]
+    with pytest.raises(ValidationError) as caught:
+        Manifest.model_validate(raw)
+    assert "duplicate point ids" in str(caught.value)
