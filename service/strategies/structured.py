@@ -24,8 +24,9 @@ The budget is a hard cap up to prediction error: a pair is acquired only when it
 cost fits, so the spent cost exceeds the budget by at most the misprediction of the last
 template acquired (plus that of decoding).
 
-The module stays whole (over 450 lines): the two runtimes share one session, whose steps
-above hand each other the S0 emissions and marginals that keep the per-letter overhead low.
+The module stays whole (over 450 lines): the two runtimes share a runtime and a session base,
+whose steps above hand each other the S0 emissions and marginals that keep the per-letter
+overhead low.
 """
 
 from __future__ import annotations
