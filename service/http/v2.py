@@ -2,11 +2,13 @@
 
 ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}[/versions/{v}]``,
 ``/v2/models/{name}[/versions/{v}]/ready`` and ``POST /v2/models/{name}[/versions/{v}]/infer``.
-How a budgetserve request maps onto the protocol (docs/operating.md has the same table):
+How a budgetserve request maps onto the protocol (docs/open-inference-protocol.md has the same
+table):
 
 * **Budget and strategy**: request ``parameters``: ``budget`` (each item's) or
   ``total_budget`` (the batch's, planned across its items as ``POST /predict`` does), in the
-  model's cost unit, and ``strategy`` (optional).
+  model's cost unit, ``strategy`` (optional) and ``accounting`` (optional, ``deadline`` or
+  ``work``, as in ``POST /predict``; a single item's deadline counts from the receipt).
 * **Items**: the first dimension of the inputs is the batch. Image models take ``IMAGE`` as
   ``BYTES`` ``[B]`` (each element a PNG: base64 text in JSON, raw bytes as binary data) or as
   ``FP32``/``FP64`` ``[B, H, W]`` / ``[H, W]`` gray levels in [0, 1] (``UINT8``: 0..255),
@@ -14,7 +16,9 @@ How a budgetserve request maps onto the protocol (docs/operating.md has the same
   column (named as the column, shape ``[B]`` or ``[B, 1]``, any numeric datatype), or
   ``VALUES`` ``[B, C]`` with ``parameters.columns`` naming the C columns (comma-separated;
   default: all of the model's columns in order; a NaN, possible in binary data, is a value
-  not sent). Optional ``ID`` ``BYTES`` ``[B]``: the items' ids.
+  not sent). Models of other item kinds (OCR words, parser sentences) take ``ITEM`` ``BYTES
+  [B]``, each element the item as a JSON document (what ``POST /predict`` takes as
+  ``item``). Optional ``ID`` ``BYTES`` ``[B]``: the items' ids.
 * **Outputs**: ``PREDICTION`` ``BYTES [B]``, ``PROBABILITIES`` ``FP32 [B, K]`` (columns in
   the order of ``CLASSES`` ``BYTES [K]``), ``EXPECTED_ACCURACY`` ``FP32 [B]``,
   ``COST_SPENT`` and ``COST_BUDGET`` ``FP32 [B]`` (in the unit of the response's
@@ -28,8 +32,9 @@ How a budgetserve request maps onto the protocol (docs/operating.md has the same
   shapes, datatypes, missing budget), 404 unknown model or version, and the statuses of
   ``POST /predict`` otherwise (422 an item the model cannot read, 413, 503).
 
-Versions: a model has the version its manifest records; :func:`resolve` is the one place
-that maps (name, version) to a loaded bundle.
+Versions: every version loaded side by side (``models/<name>/<version>/``) is listed, the
+newest answers by default; :func:`resolve` is the one place that maps (name, version) to a
+loaded bundle.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from pydantic import ValidationError
 from service import errors
 from service.batch import predict_batch
 from service.http.errors import documented, status_of
+from service.http.middleware import received_at
 from service.http.state import AppState, app_state
 from service.http.v2_schemas import (
     DATATYPES,
@@ -228,6 +234,9 @@ async def version_infer(
             body = await _infer(name, version, request, state)
     except errors.BudgetServeError as exc:
         metrics.requests.labels(model=label, status=exc.code).inc()
+        summary = getattr(request.state, "summary", None)
+        if isinstance(summary, dict):
+            summary["outcome"] = exc.code
         return v2_error(exc)
     metrics.requests.labels(model=label, status="ok").inc()
     return JSONResponse(body.model_dump(exclude_none=True))
@@ -251,14 +260,39 @@ async def _infer(
     strategy = params.get("strategy")
     if strategy is not None and not isinstance(strategy, str):
         raise ProtocolError(f"parameters.strategy must be a string, got {strategy!r}")
+    accounting = params.get("accounting")
+    if accounting is not None and not isinstance(accounting, str):
+        raise ProtocolError(f"parameters.accounting must be a string, got {accounting!r}")
+    # The request's log line and span (service.http.requestlog), as /predict writes them.
+    summary = request.state.summary = {
+        "model": name,
+        "version": version,
+        "strategy": strategy,
+        "budget": budget,
+        "total_budget": total,
+    }
     wanted = _requested(req)
     items = to_items(bundle, req.inputs, binary)
     if budget is not None and len(items) == 1:
         response, writes = await handler.predict(
-            name, items[0], None, budget, strategy, version=version
+            name,
+            items[0],
+            None,
+            budget,
+            strategy,
+            version=version,
+            accounting=accounting,
+            received=received_at(request.scope),
         )
         await handler.write_back(writes)
         results = [response]
+        summary.update(
+            strategy=response.strategy,
+            model_version=response.model_version,
+            cached=response.cost.cached,
+            extracted=response.cost.extracted,
+            deadline_exceeded=response.deadline_exceeded,
+        )
     else:
         outcome = await predict_batch(
             handler,
@@ -270,6 +304,10 @@ async def _infer(
             version=version,
         )
         results = outcome.responses
+        summary["items"] = len(results)
+    summary.update(
+        spent=sum(r.cost.spent for r in results), unit=results[0].cost.unit, outcome="ok"
+    )
     return _response(bundle, req, results, wanted, budget, total)
 
 

@@ -104,3 +104,40 @@ def test_records_logged_while_serving_carry_the_request_id(
     outside = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
     RequestIdFilter().filter(outside)
     assert outside.request_id == "-"  # type: ignore[attr-defined]
+
+
+def test_v2_infer_logs_what_it_spent_and_counts_from_the_receipt(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="budgetserve.request")
+    png = ITEM["png_base64"]
+    body = {
+        "inputs": [
+            {"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": [png]},
+            {"name": "ID", "datatype": "BYTES", "shape": [1], "data": ["v2-log"]},
+        ],
+        "parameters": {"budget": 1000},
+    }
+    ok = client.post("/v2/models/tiny/infer", json=body, headers={"x-request-id": "v2-a"})
+    assert ok.status_code == 200, ok.text
+    answer = json.loads(next(o for o in ok.json()["outputs"] if o["name"] == "RESPONSE")["data"][0])
+    work = {**body, "parameters": {"budget": 1000, "accounting": "work"}}
+    second = client.post("/v2/models/tiny/infer", json=work, headers={"x-request-id": "v2-b"})
+    assert second.status_code == 200, second.text
+    again = json.loads(
+        next(o for o in second.json()["outputs"] if o["name"] == "RESPONSE")["data"][0]
+    )
+    bad = {**body, "parameters": {"budget": 1000, "accounting": "later"}}
+    refused = client.post("/v2/models/tiny/infer", json=bad, headers={"x-request-id": "v2-c"})
+    assert refused.status_code == 422 and "accounting" in refused.json()["error"]
+    one, two, three = (r.fields for r in request_lines(caplog))  # type: ignore[attr-defined]
+    assert one["request_id"] == "v2-a" and one["model"] == "tiny" and one["outcome"] == "ok"
+    assert one["budget"] == 1000 and one["spent"] == answer["cost"]["spent"]
+    assert one["strategy"] == answer["strategy"] and one["cached"] == []
+    assert one["extracted"] == answer["cost"]["extracted"] != []
+    # The deadline of a single v2 item counts from the receipt, as /predict's does.
+    assert answer["cost"]["accounting"] == "deadline"
+    assert answer["timings_ms"]["since_received"] >= answer["cost"]["spent"]
+    assert again["cost"]["accounting"] == "work"
+    assert two["cached"] == sorted(answer["cost"]["extracted"])  # the same item: cached
+    assert three["status"] == 422 and three["outcome"] == "invalid_request"
