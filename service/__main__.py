@@ -11,7 +11,6 @@ in later are loaded by ``POST /-/reload`` or folder watching, without a restart.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import shutil
@@ -24,12 +23,12 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from uvicorn.config import STARTUP_FAILURE
 
+from service import tracing
 from service.http import create_app
 from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
 from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
 from service.settings import Settings
-from service.tracing import MISSING_EXTRA
 
 log = logging.getLogger("budgetserve.serve")
 
@@ -72,8 +71,9 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         print(settings_error(exc), file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    if settings.tracing and importlib.util.find_spec("opentelemetry") is None:
-        print(f"budgetserve-serve: {MISSING_EXTRA}", file=sys.stderr)
+    problem = tracing.unavailable() if settings.tracing else None
+    if problem is not None:
+        print(f"budgetserve-serve: {problem}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
     folder = settings.models_dir
     if not folder.is_dir():

@@ -19,6 +19,7 @@ HTTP to ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``console``; ``none``), with ``OTEL_SER
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +31,40 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MISSING_EXTRA = (
     "BUDGETSERVE_TRACING is on but OpenTelemetry is not installed: pip install "
-    "'budgetserve[otel]' (or set BUDGETSERVE_TRACING=false)"
+    "'budgetserve[otel]' (in a checkout: .venv/bin/pip install -e '.[otel]'), or set "
+    "BUDGETSERVE_TRACING=false"
 )
+EXPORTERS = ("otlp", "console", "none")
+
+
+def unavailable() -> str | None:
+    """Why tracing cannot start in this process (one line), or None when it can: checked
+    before the server starts, so a missing SDK or exporter is a readable error, not a
+    traceback from every worker. Mirrors what :func:`make_tracer` will import."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return MISSING_EXTRA
+    if type(trace.get_tracer_provider()).__name__ not in (
+        "ProxyTracerProvider",
+        "NoOpTracerProvider",
+    ):
+        return None  # a provider set up by the process (opentelemetry-instrument)
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if kind not in EXPORTERS:
+        return (
+            f"OTEL_TRACES_EXPORTER={kind!r} is not supported here; use one of "
+            f"{', '.join(EXPORTERS)}"
+        )
+    modules = ["opentelemetry.sdk.trace"]
+    if kind == "otlp":
+        modules.append("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return f"{MISSING_EXTRA} ({module} is missing)"
+    return None
 
 
 class RequestTrace:
@@ -125,7 +158,8 @@ def _sdk_provider() -> Any:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     elif kind != "none":
         raise RuntimeError(
-            f"OTEL_TRACES_EXPORTER={kind!r} is not supported here; use otlp, console or none"
+            f"OTEL_TRACES_EXPORTER={kind!r} is not supported here; use one of "
+            f"{', '.join(EXPORTERS)}"
         )
     return provider
 

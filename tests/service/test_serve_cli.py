@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from service import tracing
 from tests.conftest import ROOT, free_port, png_b64
 
 SERVE = Path(sys.executable).with_name("budgetserve-serve")
@@ -60,6 +62,24 @@ def test_a_bad_setting_is_one_readable_line_and_exit_2() -> None:
     two = run(BUDGETSERVE_WORKERS="zero", BUDGETSERVE_LOG_FORMAT="xml")
     assert two.returncode == 2 and len(two.stderr.strip().splitlines()) == 1
     assert "BUDGETSERVE_WORKERS='zero'" in two.stderr and "BUDGETSERVE_LOG_FORMAT" in two.stderr
+
+
+def test_tracing_that_cannot_start_is_one_readable_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    done = run(BUDGETSERVE_TRACING="true", OTEL_TRACES_EXPORTER="jaeger")
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "OTEL_TRACES_EXPORTER='jaeger'" in line and "otlp, console, none" in line
+    # An exporter that is not installed (a None entry makes its import fail, as a missing
+    # package does): named, with the install command, before any worker starts.
+    module = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    problem = tracing.unavailable()
+    assert problem is not None and module in problem and "[otel]" in problem
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert tracing.unavailable() is None
 
 
 def test_a_missing_models_folder_is_an_error(tmp_path: Path) -> None:
