@@ -50,12 +50,20 @@ M = TypeVar("M", bound=BaseModel)
 class ServiceError(Exception):
     """The service answered with an error status (never retried)."""
 
-    def __init__(self, status: int, type_: str, message: str, details: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        details: dict[str, Any],
+        request_id: str | None = None,
+    ) -> None:
         super().__init__(f"{status} {type_}: {message}")
         self.status = status
         self.type = type_
         self.message = message
         self.details = details
+        self.request_id = request_id  # the service's x-request-id: the key to its log line
 
 
 class ModelInfo(BaseModel):
@@ -135,14 +143,18 @@ class Client:
         *,
         strategy: str | None = None,
         size: int | None = None,
+        version: str | None = None,
+        accounting: str | None = None,
+        request_id: str | None = None,
     ) -> PredictResponse:
-        """One item under ``budget`` (in the model's cost unit)."""
+        """One item under ``budget`` (in the model's cost unit). ``version``: one of the
+        model's loaded versions (None: the newest); ``accounting``: ``"deadline"`` or
+        ``"work"`` (None: the service's default); ``request_id``: sent as ``x-request-id``
+        (the service's log line and trace carry it)."""
         body: dict[str, Any] = {"model": model, "item": dict(item), "budget": budget}
-        if strategy is not None:
-            body["strategy"] = strategy
-        if size is not None:
-            body["size"] = size
-        return self._call("POST", "/predict", PredictResponse, body)
+        optional = {"strategy": strategy, "size": size, "version": version}
+        body.update({k: v for k, v in {**optional, "accounting": accounting}.items() if v})
+        return self._call("POST", "/predict", PredictResponse, body, request_id)
 
     def predict_batch(
         self,
@@ -152,6 +164,8 @@ class Client:
         budget: float | None = None,
         total_budget: float | None = None,
         strategy: str | None = None,
+        version: str | None = None,
+        request_id: str | None = None,
     ) -> BatchPredictResponse:
         """Several items: each with ``budget``, or all under ``total_budget`` (planned across
         the items by the service). Send exactly one of the two."""
@@ -164,7 +178,9 @@ class Client:
             body["total_budget"] = total_budget
         if strategy is not None:
             body["strategy"] = strategy
-        return self._call("POST", "/predict", BatchPredictResponse, body)
+        if version is not None:
+            body["version"] = version
+        return self._call("POST", "/predict", BatchPredictResponse, body, request_id)
 
     def models(self) -> ModelList:
         """The loaded bundles, and those that failed to load."""
@@ -185,15 +201,24 @@ class Client:
             raise
 
     def _call(
-        self, method: str, path: str, model: type[M], body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        model: type[M],
+        body: dict[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> M:
-        return model.model_validate(self._request(method, path, body))
+        return model.model_validate(self._request(method, path, body, request_id))
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None, request_id: str | None = None
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
+        if request_id is not None:
+            headers["x-request-id"] = request_id
         attempt = 0
         while True:
             request = urllib.request.Request(
@@ -218,10 +243,13 @@ def _quote(name: str) -> str:
 
 def _service_error(exc: urllib.error.HTTPError) -> ServiceError:
     raw = exc.read()
+    rid = exc.headers.get("x-request-id") if exc.headers is not None else None
     try:
         error = json.loads(raw)["error"]
         if isinstance(error, str):  # the Open Inference Protocol's shape
-            return ServiceError(exc.code, "error", error, {})
-        return ServiceError(exc.code, error["type"], error["message"], error.get("details", {}))
+            return ServiceError(exc.code, "error", error, {}, rid)
+        details = error.get("details", {})
+        return ServiceError(exc.code, error["type"], error["message"], details, rid)
     except (ValueError, KeyError, TypeError):
-        return ServiceError(exc.code, "http_error", raw[:200].decode(errors="replace"), {})
+        text = raw[:200].decode(errors="replace")
+        return ServiceError(exc.code, "http_error", text, {}, rid)

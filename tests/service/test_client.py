@@ -77,8 +77,26 @@ def test_errors_raise_with_the_services_reason(client: Client) -> None:
     assert caught.value.status == 404 and caught.value.type == "model_not_found"
     assert caught.value.details["available"] == ["digits", "router"]
     with pytest.raises(ServiceError) as caught:
-        client.predict("router", tabular_item({"zz": 1.0}), budget=1.0)
+        client.predict("router", tabular_item({"zz": 1.0}), budget=1.0, request_id="bad-zz")
     assert caught.value.status == 422 and "'zz'" in caught.value.message
+    assert caught.value.request_id == "bad-zz"  # echoed by the service
+    with pytest.raises(ServiceError) as caught:
+        client.predict("digits", image_item(png(1, 32)), budget=5.0, version="9.9")
+    assert caught.value.status == 404 and caught.value.type == "version_not_found"
+    with pytest.raises(ServiceError) as caught:
+        client.predict("digits", image_item(png(1, 32)), budget=5.0, accounting="later")
+    assert caught.value.status == 422 and "accounting" in caught.value.message
+
+
+def test_version_and_accounting_reach_the_service(client: Client) -> None:
+    version = next(m.version for m in client.models().models if m.name == "digits")
+    item = image_item(png(5, 32), "versioned")
+    answer = client.predict("digits", item, 1000.0, version=version, accounting="work")
+    assert answer.model_version == version and answer.cost.accounting == "work"
+    default = client.predict("digits", item, 1000.0, request_id="rid-1")
+    assert default.cost.accounting == "deadline"
+    batch = client.predict_batch("digits", [item], budget=1000.0, version=version)
+    assert batch.results[0].model_version == version
 
 
 class DroppingServer:
