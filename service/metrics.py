@@ -90,7 +90,8 @@ class Metrics:
             "budgetserve_admission_total",
             "Requests that found every extraction thread busy and were not simply queued: "
             "refused (queue_full, queue_bytes) or answered at once from what they had "
-            "(answered_unqueued, wait_expired)",
+            "(answered_unqueued, wait_expired), or refused because the event loop reached them "
+            "too late (queue_delay) or with too many predictions in flight (in_flight)",
             ["result"],
             registry=r,
         )
@@ -116,7 +117,14 @@ class Metrics:
         )
         for result in ("hit", "miss", "error", "write_error", "bypass", "deadline", "skipped"):
             self.cache.labels(result=result)
-        for result in ("queue_full", "queue_bytes", "answered_unqueued", "wait_expired"):
+        for result in (
+            "queue_full",
+            "queue_bytes",
+            "answered_unqueued",
+            "wait_expired",
+            "queue_delay",
+            "in_flight",
+        ):
             self.admission.labels(result=result)
 
     def child(self, metric: Any, **labels: str) -> Any:

@@ -77,6 +77,22 @@ class Settings(BaseSettings):
         description="requests per process that may wait for an extraction thread; more are "
         "refused with 503 and Retry-After",
     )
+    max_in_flight: int = Field(
+        default=128,
+        ge=0,
+        description="prediction requests (POST /predict, v2 infer) per process between their "
+        "body read and their answer; one more is refused at once with 503 and Retry-After "
+        "before any of its work, which bounds the backlog and so the latency under an "
+        "arrival rate above capacity (0: no limit)",
+    )
+    max_queue_delay_ms: float = Field(
+        default=1000.0,
+        ge=0,
+        description="a prediction request (POST /predict, v2 infer) that reaches the app more "
+        "than this many ms after its first bytes arrived, because the process's event loop "
+        "is behind, is refused at once with 503 and Retry-After before any of its work, so "
+        "an overload cannot build an unbounded backlog (0: never)",
+    )
     max_queued_bytes: int = Field(
         default=256 << 20,
         ge=0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -172,6 +173,8 @@ def create_app(
         limit=settings.max_body_bytes,
         metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
+        max_delay_s=settings.max_queue_delay_ms / 1000.0 or math.inf,
+        max_in_flight=settings.max_in_flight,
     )
     if tracer is not None:
         from service.tracing import TracingMiddleware

@@ -1,5 +1,5 @@
 """ASGI middleware of the app: :class:`BodyLimit` (which also stamps each request's receipt:
-:func:`received_at`)."""
+:func:`received_at`, and sheds prediction requests that the event loop reached too late)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ from service.http.errors import PREDICT_PATH, domain_response
 from service.metrics import UNKNOWN_MODEL, Metrics
 
 RECEIVED_KEY = "budgetserve.received"
+#: How long a shed request is told to wait before retrying (Retry-After, seconds).
+SHED_RETRY_AFTER_S = 1
+
+
+def predicts(scope: Scope) -> bool:
+    """Whether the request asks for a prediction (the work that shedding protects)."""
+    path = scope.get("path", "")
+    return scope.get("method") == "POST" and (
+        path == PREDICT_PATH or (path.startswith("/v2/models/") and path.endswith("/infer"))
+    )
 
 
 def received_at(scope: Scope) -> float | None:
@@ -25,15 +35,33 @@ def received_at(scope: Scope) -> float | None:
 class BodyLimit:
     """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed,
     and bodies that have not arrived in full ``timeout_s`` after the headers with 408 (the
-    connection is then closed)."""
+    connection is then closed).
+
+    Load shedding, for prediction requests (:func:`predicts`): one that finds
+    ``max_in_flight`` predictions already in this process (body read, not yet answered), or
+    that reaches the app more than ``max_delay_s`` after its receipt (the event loop is that
+    far behind), is refused with 503 and Retry-After before it is parsed, decoded or
+    planned. A refusal costs a small fraction of an answer, so under an arrival rate above
+    capacity the backlog, and with it every answer's latency (Little's law: in flight /
+    throughput), stays bounded instead of growing without limit. Both are counted in
+    ``budgetserve_admission_total`` (``in_flight``, ``queue_delay``)."""
 
     def __init__(
-        self, app: ASGIApp, limit: int, metrics: Metrics, timeout_s: float = math.inf
+        self,
+        app: ASGIApp,
+        limit: int,
+        metrics: Metrics,
+        timeout_s: float = math.inf,
+        max_delay_s: float = math.inf,
+        max_in_flight: int = 0,
     ) -> None:
         self.app = app
         self.limit = limit
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.max_delay_s = max_delay_s
+        self.max_in_flight = max_in_flight or math.inf  # 0: no limit
+        self.in_flight = 0  # prediction requests past their body, not yet answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,6 +71,10 @@ class BodyLimit:
         # (``service.server``), else the app's first sight of it (its head parsed; the body
         # is read below, and charged).
         scope.setdefault(RECEIVED_KEY, time.perf_counter())
+        # How far behind the event loop is: from the first bytes to this task's first step.
+        # (Measured before the body is read: a slow upload is not a busy server. The body is
+        # still read before a refusal, so the connection stays usable.)
+        late_s = time.perf_counter() - scope[RECEIVED_KEY]
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
@@ -71,6 +103,13 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        counted = predicts(scope)
+        if counted:
+            shed = self._shed(late_s)
+            if shed is not None:
+                await self._reject(scope, receive, send, shed)
+                return
+            self.in_flight += 1
         replayed = False
 
         async def replay() -> Message:
@@ -80,7 +119,31 @@ class BodyLimit:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if counted:
+                self.in_flight -= 1
+
+    def _shed(self, late_s: float) -> errors.Overloaded | None:
+        """Why a prediction request is refused now (counted), or None to serve it."""
+        if self.in_flight >= self.max_in_flight:
+            self.metrics.admission.labels(result="in_flight").inc()
+            return errors.Overloaded(
+                f"{self.in_flight} predictions in flight in this process, the most "
+                f"BUDGETSERVE_MAX_IN_FLIGHT allows",
+                SHED_RETRY_AFTER_S,
+                in_flight=self.in_flight,
+            )
+        if late_s > self.max_delay_s:
+            self.metrics.admission.labels(result="queue_delay").inc()
+            return errors.Overloaded(
+                f"reached {late_s * 1e3:.0f} ms after its receipt, over "
+                f"BUDGETSERVE_MAX_QUEUE_DELAY_MS={self.max_delay_s * 1e3:g}",
+                SHED_RETRY_AFTER_S,
+                queue_delay_ms=round(late_s * 1e3, 3),
+            )
+        return None
 
     async def _reject(
         self, scope: Scope, receive: Receive, send: Send, exc: errors.BudgetServeError

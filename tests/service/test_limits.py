@@ -186,6 +186,10 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
         "BUDGETSERVE_MAX_QUEUED_BYTES": str(max_bytes),
         "BUDGETSERVE_MAX_BUDGET_MS": "3000",
         "BUDGETSERVE_CALIBRATION": "false",
+        # This test is about the queue for extraction threads; with load shedding on (the
+        # default, 1 s) this load also gets big requests shed whenever the event loop, starved
+        # by 1024² extractions, falls a second behind (see the shedding test below).
+        "BUDGETSERVE_MAX_QUEUE_DELAY_MS": "0",
     }
     env.pop("REDIS_URL", None)
     env["PYTHONPATH"] = str(ROOT)  # this checkout's service, whichever one the venv installed
@@ -308,3 +312,61 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
         f"refused {len(refused)}/36, small answered at once {unqueued + expired:.0f}"
     )
     assert grown_mib < 400, f"RSS grew {grown_mib:.0f} MiB under load (bounded queue)"
+
+
+def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
+    digits_bundle_dir: Path,
+) -> None:
+    """The delay between a request's first bytes and the app's first sight of it is what an
+    event loop that is behind adds; here a head sent in two pieces 0.4 s apart stands in for
+    it, through the real server and protocol. Over BUDGETSERVE_MAX_QUEUE_DELAY_MS the
+    request is refused with 503 and Retry-After, its body still read (the connection goes
+    on serving), and counted; requests that are not predictions are never shed."""
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent, max_queue_delay_ms=100))
+    item = {"png_base64": png_b64(digit_image(4, 32)), "id": "late"}
+    body = json.dumps({"model": "digits", "item": item, "budget": 50}).encode()
+    head = (
+        b"Host: t\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"POST /predict HTTP/1.1\r\n")
+            time.sleep(0.4)
+            conn.sendall(head + body)
+            shed = _read_one(conn)
+            conn.sendall(b"POST /predict HTTP/1.1\r\n" + head + body)  # on time, same socket
+            served = _read_one(conn)
+            conn.sendall(b"GET /heal")
+            time.sleep(0.4)
+            conn.sendall(b"thz HTTP/1.1\r\nHost: t\r\n\r\n")
+            probe = _read_one(conn)
+        metrics = post_json_metrics(port)
+    status, headers, payload = shed
+    assert status == 503 and headers["retry-after"] == "1"
+    error = json.loads(payload)["error"]
+    assert error["type"] == "overloaded"
+    assert "BUDGETSERVE_MAX_QUEUE_DELAY_MS=100" in error["message"]
+    assert error["details"]["queue_delay_ms"] >= 300
+    answer = json.loads(served[2])
+    assert served[0] == 200 and answer["prediction"] in answer["probabilities"]
+    assert probe[0] == 200
+    assert metric(metrics, 'budgetserve_admission_total{result="queue_delay"}') == 1
+
+
+def _read_one(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body, leaving the connection open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, data
+        data += chunk
+    raw_head, _, payload = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(payload) < int(headers["content-length"]):
+        chunk = conn.recv(65536)
+        assert chunk, payload
+        payload += chunk
+    return int(lines[0].split()[1]), headers, payload

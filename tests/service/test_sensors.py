@@ -4,6 +4,7 @@ id, or part of their values; and what the answer is when a sensor cannot be had.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -22,7 +23,7 @@ from service.http import create_app
 from service.settings import Settings
 from service.sources import SensorSource
 from tests.conftest import ROUTER_COLUMNS
-from tests.service.serving import RedisProcess
+from tests.service.serving import RedisProcess, post_json, uvicorn_thread
 from tests.support.sensor_store import SensorStore
 from training.data.synthetic import make_router_data
 
@@ -327,3 +328,51 @@ def test_a_redis_that_does_not_answer_costs_one_timeout() -> None:
             # waited the timeout, once (no retry loop), with room for a loaded machine
             assert 0.07 < time.perf_counter() - t0 < 0.6
         assert acquirer.extract(TabularRow({"x": 2.5}, "1")).tolist() == [2.5], "sent: no call"
+
+
+def test_predictions_in_flight_are_bounded_by_a_cheap_503(
+    router_bundle_dir: Path, row_server: str
+) -> None:
+    """A sensor behind a slow HTTP store (2 s) holds one prediction in flight, through a real
+    uvicorn; with BUDGETSERVE_MAX_IN_FLIGHT=1 the next prediction is refused at once with
+    503 and Retry-After (not queued behind it), probes are never refused, and once the slow
+    one has answered the next prediction is served again."""
+    x, _ = make_router_data(3, seed=27)
+    _Rows.rows = {"held": dict(zip(ROUTER_COLUMNS, map(float, x[0]), strict=True))}
+    _Rows.seen = []
+    source = {"plugin": "http", "url": row_server + "/stall/{id}", "timeout_ms": 5000}
+    stall = {"*": SensorSource.model_validate(source)}
+    settings = Settings(
+        models_dir=router_bundle_dir.parent,
+        sensor_sources={router_bundle_dir.name: stall},
+        max_in_flight=1,
+    )
+    app = create_app(settings, cache=InProcessCache(1 << 20))
+    body = {"model": "router", "item": {"id": "held"}, "budget": 6.0}
+    with uvicorn_thread(app) as port:
+        held: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+        slow = threading.Thread(target=lambda: held.append(post_json(port, "/predict", body)))
+        slow.start()
+        for _ in range(200):  # until the slow request is acquiring its sensor
+            if _Rows.seen:
+                break
+            time.sleep(0.01)
+        assert _Rows.seen, "the slow request never reached its sensor"
+        t0 = time.perf_counter()
+        status, headers, refused = post_json(port, "/predict", {**body, "item": {"id": "x"}})
+        refused_s = time.perf_counter() - t0
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/readyz")
+        probe = conn.getresponse().status
+        conn.close()
+        slow.join(timeout=30)
+        again = post_json(  # nothing to acquire at this budget: answered at once
+            port, "/predict", {**body, "item": {"values": {"r": 0.5}}, "budget": 0.5}
+        )
+    assert probe == 200  # probes are not predictions: never shed
+    assert status == 503 and headers["retry-after"] == "1", refused
+    assert refused["error"]["type"] == "overloaded"
+    assert "BUDGETSERVE_MAX_IN_FLIGHT" in refused["error"]["message"]
+    assert refused["error"]["details"]["in_flight"] == 1
+    assert refused_s < 1.0, "the refusal waited for the slow request"
+    assert held and held[0][0] == 200 and again[0] == 200
