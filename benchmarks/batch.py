@@ -193,6 +193,18 @@ def render(predicted: Run, measured: Run, size: int, elapsed: float) -> str:
         assert isinstance(unlimited, Arm)
         rows, losses = table(results, size)
         lines += rows
+        even_over = sum(arms["even"].over for arms in results.values())
+        reading = (
+            "Where the budget per item is near this machine's per-request overhead, the "
+            "planner keeps the batch within its total by starving the last items (the prior "
+            "is right 1 time in 10) while the even split overspends and answers them all: "
+            "compare the ms/item columns, not only the accuracies."
+            if even_over
+            else "Neither arm ran over a batch's total in this run (the machine was quiet "
+            "enough for the profiled curves): compare the intervals."
+            if losses
+            else ""
+        )
         lines += prose(
             "batch",
             part,
@@ -200,6 +212,7 @@ def render(predicted: Run, measured: Run, size: int, elapsed: float) -> str:
             unlimited_ms=f"{np.mean(unlimited.spent) / size:.2f}",
             reserve=RESERVE_MS,
             losses=("; ".join(losses) if losses else "none in this run"),
+            reading=reading,
         )
     return "\n".join(lines) + "\n"
 
