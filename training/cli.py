@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -22,7 +23,9 @@ S = TypeVar("S", bound="TabularSpec")
 R = TypeVar("R")
 
 app = typer.Typer(add_completion=False, help="Train and inspect budget-aware bundles.")
-console = Console()
+# Result tables are never cut to a terminal's width when written to a pipe or a file (rich
+# would cut them to 80 columns there); on a terminal they fit it as usual.
+console = Console(width=None if sys.stdout.isatty() else 10_000)
 err_console = Console(stderr=True)
 FormatOption = Annotated[
     TableFormat,

@@ -191,6 +191,7 @@ def test_a_dag_sweep_shows_its_count_when_piped(tmp_path: Path) -> None:
         str(tmp_path / "out"),
     )
     assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and "router" in done.stdout  # its table, whole when piped
     sweep = progress_lines(done.stderr, "sweeping cost trade-offs")
     assert sweep and sweep[-1][0] == sweep[-1][1] >= 2  # 2 scales after the first, + refinements
     assert progress_lines(done.stderr, "fitting the classifier bank")

@@ -43,6 +43,7 @@ def test_cli_builds_trees_and_cascades(tmp_path: Path) -> None:
             ],
         )
         assert result.exit_code == 0, result.output
+        assert "…" not in result.output, result.output  # not a terminal: the table is whole
         manifest = read_manifest(out)
         strategy = manifest.strategy("cstc")
         assert isinstance(strategy, CstcStrategy)
