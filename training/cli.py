@@ -187,7 +187,8 @@ def profile(
     err_console.print(
         f"[bold]{done.manifest.name}[/] {done.manifest.version}: cost curves of "
         f"{len(done.after)} extractors rewritten in {into / 'manifest.json'} "
-        f"(sides {','.join(map(str, done.sides))}); the bundle loads"
+        f"(sides {','.join(map(str, done.sides))}), Poly-Dom candidates and index chosen "
+        "again under them; the bundle loads"
     )
 
 

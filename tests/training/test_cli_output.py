@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from rich.console import Console
 
 from service.bundle import read_manifest
-from service.registry import load_bundle
+from service.registry import CalibrationSettings, load_bundle
+from service.strategies.polydom import PolyDomRuntime
 from tests.conftest import ROOT
 from training.executor import LocalExecutor
 from training.progress import StageProgress
@@ -151,6 +153,20 @@ def test_profile_into_rewrites_the_cost_curves_and_the_bundle_loads(
         done.stderr.split()
     )
     assert not list(bundle.glob("*.tmp"))
+    # The plans follow the new curves: for Poly-Dom, every index lookup is within ε of the
+    # most accurate exported model that fits the budget (a scan of all of them: the oracle).
+    fixed = load_bundle(bundle, max_pixels=1 << 20, calibration=CalibrationSettings(False))
+    for name in ("polydom", "polydom-anytime"):
+        runtime = fixed.runtimes[name]
+        assert isinstance(runtime, PolyDomRuntime)
+        lo, hi = runtime.size_domain
+        for size in np.geomspace(lo, hi, 9):
+            per_feature = runtime.costs.at(int(size))
+            for budget in np.geomspace(0.005, 50.0, 25):
+                planned, cost = runtime.plan(int(size), float(budget), frozenset(), per_feature)
+                best, _ = runtime.scan(float(budget), frozenset(), per_feature)
+                assert cost <= budget * (1 + 1e-9), (name, size, budget, planned)
+                assert runtime.accuracy[planned] >= runtime.accuracy[best] - runtime.spec.epsilon
 
 
 def test_profile_into_refuses_a_declared_cost_bundle(
