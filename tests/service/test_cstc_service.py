@@ -143,3 +143,42 @@ def test_models_endpoint_describes_the_points(client: StoreClient, built: CstcBu
     text = r.text
     for p in strategy(built).points:
         assert p.id in text
+
+
+@pytest.fixture(scope="module")
+def cascades(tmp_path_factory: pytest.TempPathFactory) -> CstcBuildResult:
+    return build(tmp_path_factory.mktemp("cscc") / NAME, methods=["cscc", "cronus"])
+
+
+def test_served_cascade_walks_equal_the_trained_ones(
+    cascades: CstcBuildResult, redis_url: str
+) -> None:
+    """Cascade points (CSCC, Cronus) served at budgets that choose them: each walk that fits
+    its budget is the trained cascade's, early exits included."""
+    assert cascades.test_rows is not None
+    X_test = cascades.test_rows[0][:40]
+    points = strategy(cascades).points
+    assert {p.method for p in points} <= {"cscc", "cronus"} and points
+    longest = {
+        p.id: max(len(w.path) for w in cascades.estimators[p.id].walk(X_test)) for p in points
+    }
+    store = SensorStore(redis_url, COLUMNS)
+    settings = Settings(
+        models_dir=cascades.path.parent, sensor_sources={NAME: {"*": store.source()}}
+    )
+    walked: set[str] = set()
+    exits = 0
+    with StoreClient(create_app(settings, cache=InProcessCache(1 << 20))) as client:
+        client.store = store
+        for budget in sorted({p.mean_cost for p in points} | {1000.0}):
+            for i, row in enumerate(X_test):
+                body = predict(client, row, budget, item_id=f"cascade-{budget}-{i}")
+                point = body["decision"]["point"]
+                walk = cascades.estimators[point].walk(row.reshape(1, -1))[0]
+                if walk.cost <= budget:
+                    check_walk(cascades, body, row)
+                    walked.add(point)
+                    exits += len(walk.path) < longest[point]
+    methods = {p.method for p in points if p.id in walked}
+    assert "cscc" in methods or "cscc" not in {p.method for p in points}, (walked, points)
+    assert exits > 0, "no row left a cascade early"
