@@ -3,6 +3,7 @@ real trainer on the shared OCR data, loaded by the real app, asked for held-out 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from training.structured.ocr_train import OcrTraining, train_ocr
 from training.structured.problem import ChainProblem
 
 DATA = Path(__file__).resolve().parents[2] / DEFAULT_DATA
+RESERVE_MS = Settings().overhead_reserve_ms
 
 pytestmark = [
     pytest.mark.slow,
@@ -108,6 +110,44 @@ def test_one_shot_serves_the_trained_policys_templates_and_the_chains_word(
         assert body["prediction"] == decision["word"] == word
         assert decision["lam"] == points[richest].lam
         assert all(0.0 < letter["confidence"] <= 1.0 for letter in decision["letters"])
+
+
+def test_one_shot_points_below_the_richest_serve_their_own_policies(
+    trained: Trained, client: TestClient
+) -> None:
+    """Budgets between the points' expected costs choose cheaper points. Whichever point
+    answers (named by its λ and class weight), the letters that got HOG are among those its
+    policy chose, and all of them when the budget did not cut the word short."""
+    runtime = load_bundle(trained.folder, 1 << 22).runtimes["structured-oneshot"]
+    by_key = {(p.lam, p.positive_weight): p for p in runtime.points}
+    richest = max(runtime.points, key=lambda p: p.mean_cost)
+    ts = trained.train.templates
+    below = 0  # HOG letters served by points below the richest
+    for i, w in enumerate(trained.words[:6]):
+        letters = _letters(trained.data, w)
+        costs = sorted({runtime.expected_cost(p, len(letters)) for p in runtime.points})
+        # The service plans within the budget less its overhead reserve (0.5 ms by default).
+        for budget in [RESERVE_MS + (a + b) / 2 for a, b in itertools.pairwise(costs)]:
+            body = _ask(
+                client,
+                {
+                    "strategy": "structured-oneshot",
+                    "budget": budget,
+                    "accounting": "work",
+                    "item": {"letters": letters, "id": f"mid-{i}-{budget}"},
+                },
+            )
+            decision = body["decision"]
+            point = by_key[(decision["lam"], decision["positive_weight"])]
+            state = trained.train.one_shot[point.column].state(trained.problem.policy_inputs(i), ts)
+            chosen = set(np.flatnonzero(state[:, 1]).tolist())
+            served = set(_hogs(body["cost"]["extracted"]))
+            assert served <= chosen, (point, served, chosen)
+            if decision["stopped_by"] == "policy":
+                assert served == chosen
+            if point is not richest:
+                below += len(served)
+    assert below > 0, "no point below the richest served any HOG: nothing was checked"
 
 
 def test_anytime_acquires_in_the_trained_order(trained: Trained, client: TestClient) -> None:
