@@ -182,3 +182,15 @@ def test_served_cascade_walks_equal_the_trained_ones(
     methods = {p.method for p in points if p.id in walked}
     assert "cscc" in methods or "cscc" not in {p.method for p in points}, (walked, points)
     assert exits > 0, "no row left a cascade early"
+
+
+def test_points_are_priced_on_validation_rows_never_test(built: CstcBuildResult) -> None:
+    """The service chooses a point by the accuracy and cost in the manifest: those are the
+    validation rows' (test rows only check the export and are reported in the sweep)."""
+    sweep = {row["id"]: row for row in built.manifest.provenance.parameters["sweep"]}
+    for point in strategy(built).points:
+        assert point.accuracy == sweep[point.id]["validation_accuracy"]
+        assert point.mean_cost == pytest.approx(sweep[point.id]["validation_cost"])
+    assert any(row["validation_accuracy"] != row["test_accuracy"] for row in sweep.values()), (
+        "validation and test agree everywhere: this check could not tell them apart"
+    )

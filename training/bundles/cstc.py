@@ -178,8 +178,10 @@ def build_cstc_bundle(
     executor: Executor = INLINE,
 ) -> CstcBuildResult:
     """Split, fit every (method, λ) on ``executor``, keep the validation Pareto set,
-    export, verify, write atomically. Points are chosen on validation rows; the accuracies
-    and costs written to the manifest are measured on test rows."""
+    export, verify, write atomically. Points are chosen, and their accuracies and costs in
+    the manifest (which the service chooses between) measured, on validation rows; test
+    rows only check the export and are reported in the sweep (provenance), never used in a
+    choice."""
     spec.check()
     positions = column_positions(spec, columns)
     sensor_names = list(spec.sensors)
@@ -218,7 +220,7 @@ def build_cstc_bundle(
             ModelSpec(
                 id="prior",
                 features=[],
-                accuracy=float(np.mean(y_test == classes[int(np.argmax(prior))])),
+                accuracy=float(np.mean(y_val == classes[int(np.argmax(prior))])),
                 prior=[float(p) for p in prior],
                 input_dims=0,
             )
@@ -227,7 +229,7 @@ def build_cstc_bundle(
         for row in kept:
             est = by_id[row["id"]]
             node_models, nodes = export_point(
-                tmp, row["id"], est, groups, sensor_names, x_test, y_test
+                tmp, row["id"], est, groups, sensor_names, (x_val, y_val), x_test
             )
             models += node_models
             points.append(
@@ -235,8 +237,8 @@ def build_cstc_bundle(
                     id=row["id"],
                     method=row["method"],
                     lam=row["lam"],
-                    mean_cost=row["test_cost"],
-                    accuracy=row["test_accuracy"],
+                    mean_cost=row["validation_cost"],
+                    accuracy=row["validation_accuracy"],
                     nodes=nodes,
                 )
             )
@@ -284,17 +286,17 @@ def export_point(
     est: CSTCClassifier,
     groups: list[list[int]],
     sensor_names: list[str],
-    x_test: npt.NDArray[np.float64],
-    y_test: npt.NDArray[Any],
+    accuracy_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]],
+    check_rows: npt.NDArray[np.float64],
 ) -> tuple[list[ModelSpec], list[CstcNode]]:
     """One fitted tree's nodes: each node's classifier exported (ONNX, checked against the
-    fitted node on ``x_test``; its accuracy alone on those rows) and its routing as
-    manifest arrays."""
+    fitted node on ``check_rows``; its accuracy alone measured on ``accuracy_rows``, the
+    validation rows: the service chooses by it) and its routing as manifest arrays."""
     models: list[ModelSpec] = []
     nodes: list[CstcNode] = []
     for k, node in enumerate(est.export_nodes_):
         model = _export_node(folder, f"{point_id}.n{k}", est, node, groups, sensor_names)
-        model = _with_accuracy(model, est, node, groups, x_test, y_test)
+        model = _with_accuracy(model, est, node, groups, *accuracy_rows)
         models.append(model)
         cols, _, route = node_inputs(node, groups, est.n_features_in_)
         nodes.append(
@@ -307,7 +309,7 @@ def export_point(
                 lower=node.lower,
             )
         )
-        _verify(folder, model, est, node, cols, x_test)
+        _verify(folder, model, est, node, cols, check_rows)
     return models, nodes
 
 
@@ -355,7 +357,7 @@ def _with_accuracy(
     X: npt.NDArray[np.float64],
     y: npt.NDArray[Any],
 ) -> ModelSpec:
-    """The node's classifier alone, on every test row (what a fallback to it is worth)."""
+    """The node's classifier alone on every row of ``X`` (what a fallback to it is worth)."""
     pred = est.classes_[np.argmax(node_probabilities(est, node, X), axis=1)]
     return model.model_copy(update={"accuracy": float(np.mean(pred == y))})
 

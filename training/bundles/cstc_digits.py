@@ -333,7 +333,7 @@ def build_cstc_digits_bundle(
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
     classes = np.unique(y[data.fit])
     prior = np.asarray([np.mean(y[data.fit] == c) for c in classes])
-    x_test, y_test = X[data.test], y[data.test]
+    x_test = X[data.test]  # checks the export only: nothing is chosen on test digits
     with staging(out_dir) as tmp:
         models = [
             ModelSpec(
@@ -347,7 +347,13 @@ def build_cstc_digits_bundle(
         points = []
         for row in kept:
             node_models, nodes = export_point(
-                tmp, row["id"], by_id[row["id"]], data.groups, names, x_test, y_test
+                tmp,
+                row["id"],
+                by_id[row["id"]],
+                data.groups,
+                names,
+                (X[data.validation], y[data.validation]),
+                x_test,
             )
             models += node_models
             points.append(
