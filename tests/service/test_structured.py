@@ -19,7 +19,7 @@ from service.execution import ExtractorSource, run_session
 from service.http import create_app
 from service.registry import load_bundle
 from service.settings import Settings
-from service.strategies.structured import StructuredSession
+from service.strategies.structured import StructuredOneShotRuntime, StructuredSession
 from training.bundles.ocr import profile_templates, write_ocr_bundle
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import OcrTraining, train_ocr
@@ -119,6 +119,7 @@ def test_one_shot_points_below_the_richest_serve_their_own_policies(
     answers (named by its λ and class weight), the letters that got HOG are among those its
     policy chose, and all of them when the budget did not cut the word short."""
     runtime = load_bundle(trained.folder, 1 << 22).runtimes["structured-oneshot"]
+    assert isinstance(runtime, StructuredOneShotRuntime)
     by_key = {(p.lam, p.positive_weight): p for p in runtime.points}
     richest = max(runtime.points, key=lambda p: p.mean_cost)
     ts = trained.train.templates
