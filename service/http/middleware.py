@@ -7,10 +7,11 @@ import math
 import time
 
 import anyio
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import errors
-from service.http.errors import PREDICT_PATH, domain_response
+from service.http.errors import PREDICT_PATH, domain_response, headers_of, status_of
 from service.metrics import UNKNOWN_MODEL, Metrics
 
 RECEIVED_KEY = "budgetserve.received"
@@ -148,6 +149,11 @@ class BodyLimit:
     async def _reject(
         self, scope: Scope, receive: Receive, send: Send, exc: errors.BudgetServeError
     ) -> None:
-        if scope.get("path") == PREDICT_PATH:
+        if predicts(scope):
             self.metrics.requests.labels(model=UNKNOWN_MODEL, status=exc.code).inc()
+        if str(scope.get("path", "")).startswith("/v2/"):
+            # The Open Inference Protocol's error shape, which its clients read.
+            v2 = JSONResponse({"error": exc.message}, status_of(exc), headers_of(exc))
+            await v2(scope, receive, send)
+            return
         await domain_response(exc)(scope, receive, send)

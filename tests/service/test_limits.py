@@ -342,6 +342,10 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
             time.sleep(0.4)
             conn.sendall(b"thz HTTP/1.1\r\nHost: t\r\n\r\n")
             probe = _read_one(conn)
+            conn.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\n")
+            time.sleep(0.4)
+            conn.sendall(head + body)  # any body: it is refused before it is read as v2
+            shed_v2 = _read_one(conn)
         metrics = post_json_metrics(port)
     status, headers, payload = shed
     assert status == 503 and headers["retry-after"] == "1"
@@ -352,7 +356,10 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
     answer = json.loads(served[2])
     assert served[0] == 200 and answer["prediction"] in answer["probabilities"]
     assert probe[0] == 200
-    assert metric(metrics, 'budgetserve_admission_total{result="queue_delay"}') == 1
+    # The Open Inference Protocol's own error shape, which its clients read.
+    assert shed_v2[0] == 503 and shed_v2[1]["retry-after"] == "1"
+    assert "BUDGETSERVE_MAX_QUEUE_DELAY_MS" in json.loads(shed_v2[2])["error"]
+    assert metric(metrics, 'budgetserve_admission_total{result="queue_delay"}') == 2
 
 
 def _read_one(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
