@@ -27,8 +27,9 @@ open loop: a fixed arrival rate). Items are held-out digits (the bundle's own sp
 ``python -m benchmarks.service`` writes ``docs/benchmarks/service.md``;
 ``python -m benchmarks.service --serve-bare --port N [--workers W]`` runs the bare app.
 
-It stays one module (over 450 lines): the bare app, the interleaved rounds, the load ramp
-and the profile summary share one process set-up and one report.
+The module stays whole (over 450 lines): the bare app, the interleaved rounds, the load ramp
+and the profile summary share one process set-up, the load generator's spec, the held-out
+items and one report.
 """
 
 from __future__ import annotations

@@ -152,8 +152,13 @@ class Client:
         ``"work"`` (None: the service's default); ``request_id``: sent as ``x-request-id``
         (the service's log line and trace carry it)."""
         body: dict[str, Any] = {"model": model, "item": dict(item), "budget": budget}
-        optional = {"strategy": strategy, "size": size, "version": version}
-        body.update({k: v for k, v in {**optional, "accounting": accounting}.items() if v})
+        optional = {
+            "strategy": strategy,
+            "size": size,
+            "version": version,
+            "accounting": accounting,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
         return self._call("POST", "/predict", PredictResponse, body, request_id)
 
     def predict_batch(

@@ -7,6 +7,8 @@ fails any of these is kept out of service and reported with the reason.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import logging
 import os
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 from pydantic import ValidationError
 
 import service.strategies  # noqa: F401  (registers the built-in strategy runtimes)
@@ -275,7 +278,8 @@ def _load(
         extractors[spec.name] = extractor
     extractors.update(acquirers(manifest, sources or {}, installed))
     models = load_models(manifest, path)
-    _warm_up(manifest, extractors, models)
+    decoder = make_decoder(manifest.item, max_pixels)
+    _warm_up(manifest, decoder, extractors, models)
     calibrator = CostCalibrator(
         {e.name: e.cost for e in manifest.extractors},
         quantile=calibration.quantile,
@@ -284,8 +288,6 @@ def _load(
         enabled=calibration.enabled,
     )
     costs = CostModel(manifest, calibrator)
-    decoder = make_decoder(manifest.item, max_pixels)
-    _warm_decoder(manifest, decoder)
     runtimes: dict[str, StrategyRuntime] = {}
     for strategy in manifest.strategies:
         try:
@@ -308,19 +310,23 @@ def _load(
 
 
 def _warm_up(
-    manifest: Manifest, extractors: dict[str, Extractor], models: dict[str, LoadedModel]
+    manifest: Manifest,
+    decoder: ItemDecoder,
+    extractors: dict[str, Extractor],
+    models: dict[str, LoadedModel],
 ) -> None:
-    """Run every extractor and model once, so first requests don't pay one-off costs
-    (lazy imports, allocator growth, ONNX Runtime's first-run initialisation) against
-    their budgets."""
-    blank: Any = (
-        np.zeros((32, 32), dtype=np.float32)
-        if manifest.item.kind == "image"
-        else dict.fromkeys(manifest.item.columns, 0.0)
-    )
-    if manifest.item.kind == "letters":
+    """Run the decoder (on a blank PNG for images), every extractor and every model once, so
+    first requests don't pay one-off costs (lazy imports such as Pillow's PNG plugin, ~10 ms;
+    allocator growth; ONNX Runtime's first-run set-up) against their budgets."""
+    kind = manifest.item.kind
+    blank: Any = dict.fromkeys(manifest.item.columns, 0.0)  # tabular
+    if kind == "image":
+        png = io.BytesIO()
+        Image.new("L", (max(manifest.item.min_side, 32),) * 2).save(png, format="PNG")
+        blank = decoder.decode({"png_base64": base64.b64encode(png.getvalue()).decode()}).data
+    elif kind == "letters":
         blank = np.zeros((manifest.item.max_letters, 16, 8), dtype=np.float32)
-    if manifest.item.kind == "tokens":
+    elif kind == "tokens":
         from service.extractors.parsing import blank_sentence
 
         blank = blank_sentence()
@@ -331,26 +337,10 @@ def _warm_up(
         except Exception as exc:  # a plugin that cannot handle a blank item
             raise BundleError(
                 f"bundle {manifest.name!r}: extractor {name!r} failed its warm-up on a blank "
-                f"{manifest.item.kind} item: {exc}"
+                f"{kind} item: {exc}"
             ) from exc
     for model in models.values():
         model.predict_proba(features)
-
-
-def _warm_decoder(manifest: Manifest, decoder: ItemDecoder) -> None:
-    """Decode one blank image item, so the first request does not pay Pillow's lazy PNG
-    plugin set-up (~10 ms, measured) against its deadline."""
-    if manifest.item.kind != "image":
-        return
-    import base64
-    import io
-
-    from PIL import Image
-
-    side = max(manifest.item.min_side, 8)
-    png = io.BytesIO()
-    Image.new("L", (side, side)).save(png, format="PNG")
-    decoder.decode({"png_base64": base64.b64encode(png.getvalue()).decode()})
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/(?:[^\s'\"/:]+/)+([^\s'\":/]*)")

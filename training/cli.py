@@ -1,4 +1,8 @@
-"""``budgetserve-train``: profile extractor costs, build a bundle, evaluate it."""
+"""``budgetserve-train``: profile extractor costs, build a bundle, evaluate it.
+
+The module stays whole (over 450 lines): it is the one Typer app, each command a thin layer
+(options, errors as usage errors, the result table) over its ``training`` package.
+"""
 
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ table):
 Versions: every version loaded side by side (``models/<name>/<version>/``) is listed, the
 newest answers by default; :func:`resolve` is the one place that maps (name, version) to a
 loaded bundle.
+
+The module stays whole (over 450 lines): it is the protocol's one mapping, routes and the
+tensor conversions both ways, each of which reads the others' datatype and shape rules.
 """
 
 from __future__ import annotations
