@@ -819,10 +819,14 @@ def main(out_path: str = "docs/benchmarks/service.md", options: Options | None =
             )
             profiles.append("")
         profiles += profile(items128, ROOT, 5.0, "after (this checkout)")
-        workers = opts.workers
-        service = start_service(workers)
-        bare = start_reference("bare", workers or 1)
-        floor = start_reference("floor", workers or 1)
+        # budgetserve with its default workers (one per usable CPU) unless told; the bare and
+        # floor apps with as many (MLServer runs one process: parallel_workers 0).
+        from service.server import worker_count
+
+        workers = worker_count(opts.workers or 0)
+        service = start_service(opts.workers)
+        bare = start_reference("bare", workers)
+        floor = start_reference("floor", workers)
         mls = start_mlserver(Path(tmp) / "mlserver") if opts.mlserver else None
         servers = {"budgetserve": service, "bare": bare, "floor": floor}
         if mls is not None:
@@ -854,7 +858,7 @@ def main(out_path: str = "docs/benchmarks/service.md", options: Options | None =
         minutes=f"{elapsed / 60:.1f}",
         load=f"{os.getloadavg()[0]:.1f}",
         count=opts.count,
-        workers=opts.workers or "its default",
+        workers=f"{workers} (its default)" if opts.workers is None else opts.workers,
         mlserver=""
         if mls is not None
         else " (MLServer could not be installed here: its rows are missing)",

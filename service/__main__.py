@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
             settings.models_dir.resolve(),
         )
     workers = worker_count(settings.workers)
+    # What the app reports (the admin API's scope) and what several workers read.
+    os.environ["BUDGETSERVE_WORKERS"] = str(workers)
+    settings = settings.model_copy(update={"workers": workers})
     sock = listening_socket(settings.host, settings.port)
     log.info(
         "listening on %s:%d (TCP_NODELAY), %d worker(s)",

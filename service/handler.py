@@ -33,6 +33,7 @@ from service.items import DecodedItem
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
 from service.schemas import CostReport, PredictResponse, Timings
+from service.strategies.base import StrategyRuntime
 from service.types import FloatVector
 
 log = logging.getLogger("budgetserve.handler")
@@ -316,6 +317,10 @@ class PredictHandler:
         in_hand = {**cached, **given}
         reserve_ms = self.floor.reserve_ms() if measured else 0.0
 
+        def start(now: float) -> float:
+            """Where ``spent`` counts from, for work that starts ``now``."""
+            return received if deadline else now - cache_s
+
         def work() -> tuple[float, Execution]:
             started = time.perf_counter()
             return started, execute(
@@ -323,7 +328,7 @@ class PredictHandler:
                 decoded,
                 budget,
                 in_hand,
-                received if deadline else started - cache_s,
+                start(started),
                 reserve_ms=reserve_ms,
                 runtime=runtime,
                 on_extraction=self._observe_extraction,
@@ -345,47 +350,27 @@ class PredictHandler:
             wait_limit = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
             affordable = left_ms >= cheapest
             inline = affordable and left_ms <= self.inline_ms
+        queued_s = 0.0
         if measured and not affordable:
             # Answer from what is in hand, on this loop: with a budget of 0 the strategy's
             # fallback answers from the features in hand (with every feature in hand the
             # strategy answers within the real budget: it has nothing left to acquire).
-            started, run = (
-                time.perf_counter(),
-                self._from_hand(
-                    bundle,
-                    decoded,
-                    budget if cheapest == math.inf else 0.0,
-                    in_hand,
-                    runtime,
-                    received if deadline else time.perf_counter() - cache_s,
-                ),
-            )
-            queued_s = 0.0
+            started = time.perf_counter()
+            hand_budget = budget if cheapest == math.inf else 0.0
+            run = self._from_hand(bundle, decoded, hand_budget, in_hand, runtime, start(started))
         elif inline:
             started, run = work()
-            queued_s = 0.0
+        elif await self._acquire(wait_limit, nbytes, due) is None:
+            started = time.perf_counter()
+            run = self._from_hand(bundle, decoded, 0.0, in_hand, runtime, start(started))
+            queued_s = started - queued_at
         else:
-            waited = await self._acquire(wait_limit, nbytes, due)
-            if waited is None:
-                started, run = (
-                    time.perf_counter(),
-                    self._from_hand(
-                        bundle,
-                        decoded,
-                        0.0,
-                        in_hand,
-                        runtime,
-                        received if deadline else time.perf_counter() - cache_s,
-                    ),
-                )
-                queued_s = time.perf_counter() - queued_at
-            else:
-                try:
-                    started, run = await self._on_thread(work)
-                finally:
-                    self.held_bytes -= nbytes
-                    self.gate.release()
-                queued_s = started - queued_at
+            try:
+                started, run = await self._on_thread(work)
+            finally:
+                self.held_bytes -= nbytes
+                self.gate.release()
+            queued_s = started - queued_at
         response = self._response(
             bundle, runtime.name, budget, run, sorted(cached), sorted(given), queued_s
         )
@@ -447,7 +432,7 @@ class PredictHandler:
         decoded: DecodedItem,
         budget: float,
         in_hand: dict[str, FloatVector],
-        runtime: Any,
+        runtime: StrategyRuntime,
         start: float,
     ) -> Execution:
         """The strategy's answer from the features in hand, on the event loop."""

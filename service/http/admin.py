@@ -39,7 +39,7 @@ def _manager(state: AppState, credentials: HTTPAuthorizationCredentials | None) 
 
 
 def _scope(state: AppState) -> dict[str, Any]:
-    workers = state.settings.workers
+    workers = state.settings.workers or 1  # 0 (auto) outside budgetserve-serve: this process
     scope: dict[str, Any] = {"pid": os.getpid(), "workers": workers}
     if workers > 1:
         scope["note"] = (

@@ -201,7 +201,8 @@ class PredictEndpoint:
                 status = 500
                 payload = error_body("internal_error", f"internal error: {type(exc).__name__}")
                 headers = []
-            if status == 0:  # the client went away before its body arrived
+            if status == 0:  # the client went away before its body arrived: nothing to send
+                status = 499  # (in the log line: nginx's "client closed request")
                 return
             await send(
                 {
