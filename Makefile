@@ -8,7 +8,7 @@ BUNDLE := models/digits/manifest.json
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test bench bundle lint check-deploy schema clean help
+.PHONY: serve test bench bundle lint check-deploy schema grpc-stubs clean help
 
 help:
 	@echo "make serve   build the embedded digits bundle if missing, serve on $(HOST):$(PORT)"
@@ -50,6 +50,11 @@ lint: $(STAMP) check-deploy
 check-deploy: $(STAMP)
 	scripts/ensure-prometheus.sh
 	$(BIN)/python scripts/check_deploy.py
+
+# The gRPC messages (service/grpc_api/inference_pb2.py and .pyi) from their .proto; shipped,
+# so that serving needs no protoc. tests/service/test_grpc.py checks they are up to date.
+grpc-stubs: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. service/grpc_api/inference.proto
 
 schema: $(STAMP)
 	$(BIN)/python -m service.bundle > service/schema/manifest.schema.json

@@ -143,7 +143,9 @@ class ModelManager:
                     if self.seen.get(folder) == now:
                         continue
                 self._install(await self._load(folder), report)
-            for folder in set(self.registry.owners.values()) - set(folders):
+            # Gone: folders that served, and folders whose failure is still reported.
+            failed = {f.folder.split("/", 1)[0] for f in self.registry.failures}
+            for folder in (set(self.registry.owners.values()) | failed) - set(folders):
                 self._install(FolderLoad(folder), report)
                 self.seen.pop(folder, None)
             if report.loaded or report.failed or report.unloaded:

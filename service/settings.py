@@ -20,6 +20,13 @@ class Settings(BaseSettings):
         default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds"
     )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="TCP port of the Open Inference Protocol over gRPC (KServe v2 / Triton "
+        "clients), served beside HTTP on BUDGETSERVE_HOST by every worker (unset: no gRPC)",
+    )
     redis_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("REDIS_URL", "BUDGETSERVE_REDIS_URL"),
