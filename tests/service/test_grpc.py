@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
+from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
 from service.cache import InProcessCache
@@ -53,7 +54,7 @@ def ports(
     (models / "digits" / "1").symlink_to(digits_bundle_dir.resolve(), target_is_directory=True)
     (models / "router").symlink_to(router_bundle_dir.resolve(), target_is_directory=True)
     grpc_port = free_port()
-    settings = Settings(models_dir=models, grpc_port=grpc_port, admin_token=TOKEN)
+    settings = Settings(models_dir=models, grpc_port=grpc_port, admin_token=SecretStr(TOKEN))
     app = create_app(settings, cache=InProcessCache(1 << 24))
     with uvicorn_thread(app) as http_port:
         yield Ports(http_port, grpc_port, models)

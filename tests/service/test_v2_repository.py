@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
 from service.cache import InProcessCache
@@ -31,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, router_bundle_dir: Path) ->
         (models / "router" / version).symlink_to(router_bundle_dir.resolve(), True)
     (models / "broken").mkdir()
     (models / "broken" / "manifest.json").write_text('{"name": "broken"}')
-    settings = Settings(models_dir=models, admin_token=TOKEN)
+    settings = Settings(models_dir=models, admin_token=SecretStr(TOKEN))
     app = create_app(settings, cache=InProcessCache(1 << 20))
     with uvicorn_thread(app) as port:
         yield f"127.0.0.1:{port}"
@@ -117,7 +118,9 @@ def test_readyz_forgets_a_failed_folder_once_removed(
     (models / "router").symlink_to(router_bundle_dir.resolve(), True)
     (models / "bad").mkdir()
     (models / "bad" / "manifest.json").write_text("{")
-    app = create_app(Settings(models_dir=models, admin_token=TOKEN), cache=InProcessCache(1 << 20))
+    app = create_app(
+        Settings(models_dir=models, admin_token=SecretStr(TOKEN)), cache=InProcessCache(1 << 20)
+    )
     with uvicorn_thread(app) as port:
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/readyz").json()["failed"] == ["bad"]
