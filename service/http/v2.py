@@ -323,9 +323,7 @@ def statistics_of(state: AppState, name: str | None, version: str | None) -> dic
             for s in metric.samples
             if s.name.endswith("_total") and s.labels.get("model") == n
         )
-        items = sample("budgetserve_spent_ms_count", {"model": n}) or sample(
-            "budgetserve_spent_cost_count", {"model": n}
-        )
+        items = sample("budgetserve_budget_utilisation_ratio_count", {"model": n})
         out.append(
             {
                 "name": n,
