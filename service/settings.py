@@ -1,4 +1,4 @@
-"""Service settings, from environment variables only (prefix ``BUDGETSERVE_``)."""
+"""Service settings, from environment variables (``BUDGETSERVE_*``) and mounted secret files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.sources import SensorSources
 
+#: Mounted secrets (a compose secret volume, a Kubernetes Secret): a file named as a setting's
+#: variable, in lower case (``budgetserve_admin_token``), holds its value; a variable that is
+#: set wins. Read only where the folder exists (pydantic-settings warns about a missing one).
+SECRETS_DIR = Path("/run/secrets")
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BUDGETSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="BUDGETSERVE_",
+        extra="ignore",
+        secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None,
+    )
 
     models_dir: Path = Field(default=Path("models"), description="folder of bundles to load")
     host: str = Field(default="127.0.0.1", description="address `budgetserve-serve` binds")

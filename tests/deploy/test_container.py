@@ -62,7 +62,9 @@ def test_runtime_stage_shape(image: Image, monkeypatch: pytest.MonkeyPatch) -> N
     # Every BUDGETSERVE_ variable the image sets is a real setting, with a valid value.
     settings = settings_from(image.env, monkeypatch, "Dockerfile ENV")
     assert str(settings.models_dir) == "/models"
-    assert image.exposed() == {settings.port}, "EXPOSE differs from BUDGETSERVE_PORT"
+    assert image.exposed() == {settings.port, settings.grpc_port}, (
+        "EXPOSE differs from BUDGETSERVE_PORT and BUDGETSERVE_GRPC_PORT"
+    )
     # The models are baked where BUDGETSERVE_MODELS_DIR says, owned by the image's user.
     copies = [
         a
@@ -338,6 +340,7 @@ def start(image: Image, tmp_path: Path) -> Iterator[Callable[[dict[str, str]], S
             **image.env,
             "BUDGETSERVE_HOST": "127.0.0.1",
             "BUDGETSERVE_PORT": str(port),
+            "BUDGETSERVE_GRPC_PORT": str(free_port()),
             "BUDGETSERVE_MODELS_DIR": str(DIGITS_BUNDLE.parent),
             **overrides,
         }

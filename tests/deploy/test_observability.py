@@ -107,8 +107,14 @@ def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
 def test_compose_services_health_dependencies_and_images() -> None:
     spec = compose()
     services = spec["services"]
-    assert set(services) == {"budgetserve", "redis", "prometheus", "grafana"}
+    assert set(services) == {"secrets", "budgetserve", "redis", "prometheus", "grafana"}
+    # `secrets` is a one-shot (it writes the admin token and Grafana's password, then exits):
+    # who needs it waits for it to complete; nothing else may be a one-shot.
+    oneshots = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert oneshots == {"secrets"}
     for name, service in services.items():
+        if name in oneshots:
+            continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         if "build" in service:
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
@@ -117,6 +123,9 @@ def test_compose_services_health_dependencies_and_images() -> None:
                 f"{name}: image {service['image']!r} is not pinned to a full version"
             )
         for dep, cond in service.get("depends_on", {}).items():
+            if dep in oneshots:
+                assert cond == {"condition": "service_completed_successfully"}, (name, dep)
+                continue
             if name == "prometheus":
                 # Monitoring must come up (and alert) when the service is not ready.
                 assert cond == {"condition": "service_started"}, (name, dep)
@@ -124,9 +133,9 @@ def test_compose_services_health_dependencies_and_images() -> None:
             assert cond == {"condition": "service_healthy"}, (name, dep)
             assert services[dep].get("healthcheck"), f"{name} waits on {dep}'s health"
     # the chain: redis → budgetserve (healthy) ; budgetserve (started) → prometheus → grafana
-    assert set(services["budgetserve"]["depends_on"]) == {"redis"}
+    assert set(services["budgetserve"]["depends_on"]) == {"secrets", "redis"}
     assert set(services["prometheus"]["depends_on"]) == {"budgetserve"}
-    assert set(services["grafana"]["depends_on"]) == {"prometheus"}
+    assert set(services["grafana"]["depends_on"]) == {"secrets", "prometheus"}
 
 
 def test_compose_volumes_and_ports() -> None:
@@ -145,8 +154,17 @@ def test_compose_volumes_and_ports() -> None:
             host, host_port, _ = port.split(":")
             assert host == "127.0.0.1", f"{name} publishes {port} beyond loopback"
             published.append(host_port)
-    assert used == declared == {"prometheus-data", "grafana-data"}
-    assert len(published) == len(set(published)) == 3
+    assert (
+        used
+        == declared
+        == {
+            "prometheus-data",
+            "grafana-data",
+            "budgetserve-secrets",
+            "grafana-secrets",
+        }
+    )
+    assert len(published) == len(set(published)) == 4  # HTTP and gRPC, Prometheus, Grafana
 
 
 def test_budgetserve_service_settings_are_real() -> None:
