@@ -27,6 +27,7 @@ def main() -> None:
         extractors,
         fixed_server,
         gating,
+        libraries,
         ocr,
         parsing,
         polydom,
@@ -56,6 +57,7 @@ def main() -> None:
         ("service", lambda: service.main(before="cec6968")),
         ("fixed server", lambda: fixed_server.main()),
         ("batch", lambda: batch.main()),
+        ("libraries (feature cache LRU)", lambda: libraries.main()),
     ):
         t0 = time.perf_counter()
         run()

@@ -168,6 +168,8 @@ class ModelManager:
 
     async def watch(self, interval_s: float) -> None:
         """Every ``interval_s``, reload the folders whose files changed (forever)."""
+        # Polling, not watchfiles' inotify: the deploy defaults mount network volumes
+        # (ReadWriteMany), where other clients' writes raise no inotify event.
         while True:
             await anyio.sleep(interval_s)
             try:
