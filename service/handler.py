@@ -372,6 +372,7 @@ class PredictHandler:
             expected_accuracy=accuracy,
             strategy=strategy,
             model_version=manifest.version,
+            version=bundle.label or manifest.version,
             answered_by=run.answer,
             path=run.path,
             decision=run.report,

@@ -265,7 +265,7 @@ def config_of(registry: Registry, name: str, version: str | None) -> dict[str, A
         return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
     parameters = {k: str(v) for k, v in (meta.parameters or {}).items()}
-    parameters["version"] = version if version is not None else version_label(registry, bundle)
+    parameters["version"] = version if version is not None else version_label(bundle)
     parameters["manifest_version"] = m.version
     return {
         "name": m.name,
@@ -327,7 +327,7 @@ def statistics_of(state: AppState, name: str | None, version: str | None) -> dic
         out.append(
             {
                 "name": n,
-                "version": version or version_label(registry, registry.bundles[n]),
+                "version": version or version_label(registry.bundles[n]),
                 "last_inference": 0,
                 "inference_count": int(items or 0),
                 "execution_count": int(ok),
@@ -591,17 +591,14 @@ async def run_infer(
     summary.update(
         spent=sum(r.cost.spent for r in results), unit=results[0].cost.unit, outcome="ok"
     )
-    answered = version if version is not None else version_label(registry, bundle)
+    answered = version if version is not None else version_label(bundle)
     return _response(bundle, answered, req, results, wanted, budget, total)
 
 
-def version_label(registry: Registry, bundle: Bundle) -> str:
+def version_label(bundle: Bundle) -> str:
     """The version label (the version folder's name; the manifest's version in the flat
     layout) under which ``bundle`` serves."""
-    for label, loaded in (registry.versions.get(bundle.name) or {}).items():
-        if loaded is bundle:
-            return label
-    return bundle.manifest.version
+    return bundle.label or bundle.manifest.version
 
 
 def _number(params: dict[str, Any], key: str) -> float | None:

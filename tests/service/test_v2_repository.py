@@ -47,7 +47,7 @@ def client(server: str) -> Iterator[triton.InferenceServerClient]:
         c.close()
 
 
-def test_config_statistics_and_index(client: triton.InferenceServerClient) -> None:
+def test_config_statistics_and_index(client: triton.InferenceServerClient, server: str) -> None:
     config = client.get_model_config("router")
     assert config["name"] == "router" and config["version_policy"] == {"all": {}}
     assert config["parameters"]["version"] == {"string_value": "2"}  # the newest folder
@@ -60,10 +60,17 @@ def test_config_statistics_and_index(client: triton.InferenceServerClient) -> No
     assert first.get_response()["model_version"] == "1"
     newest = client.infer("router", [r], parameters={"budget": 3.0})
     assert newest.get_response()["model_version"] == "2"
+    # POST /predict says which version folder answered too (model_version: the manifest's)
+    for asked, answered in ((None, "2"), ("1", "1")):
+        body = {"model": "router", "item": {"values": {"r": 0.5}}, "budget": 3.0}
+        if asked is not None:
+            body["version"] = asked
+        reply = httpx.post(f"http://{server}/predict", json=body).json()
+        assert reply["version"] == answered
     stats = client.get_inference_statistics("router")["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == [("router", "2")]
-    assert stats[0]["execution_count"] == 2 and stats[0]["inference_count"] == 2
-    assert stats[0]["inference_stats"]["success"]["count"] == 2
+    assert stats[0]["execution_count"] == 4 and stats[0]["inference_count"] == 4
+    assert stats[0]["inference_stats"]["success"]["count"] == 4
     assert stats[0]["inference_stats"]["success"]["ns"] > 0
     every = client.get_inference_statistics()["model_stats"]
     assert [s["name"] for s in every] == ["router"]
