@@ -54,7 +54,8 @@ def main() -> None:
         ("cstc (digits)", lambda: cstc_digits.main([])),
         ("cstc side by side (MiniBooNE)", lambda: cstc_side_by_side.main([])),
         ("parsing", lambda: parsing.main([])),
-        ("service", lambda: service.main(before="cec6968")),
+        # "before": the request path before issue 24's lean one
+        ("service", lambda: service.main(options=service.Options(before="eec268a"))),
         ("fixed server", lambda: fixed_server.main()),
         ("batch", lambda: batch.main()),
         ("libraries (feature cache LRU)", lambda: libraries.main()),

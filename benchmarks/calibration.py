@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import machine, measured_at, prose
+from service.floor import FALLBACK_RESERVE_MS
 from service.items import DecodedItem
 from service.registry import CalibrationSettings, load_bundle
-from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 0.3
@@ -78,7 +78,7 @@ def _serve(path: Path, calibrate: bool, strategy: str, stream: Stream, label: st
 
     bundle = load_bundle(path, 1 << 24, CalibrationSettings(enabled=calibrate))
     runtime = bundle.strategy(strategy)
-    reserve = Settings.model_fields["overhead_reserve_ms"].default
+    reserve = FALLBACK_RESERVE_MS
     classes = bundle.manifest.classes
     run = Run(label, strategy, [], [], [], [], None)
     for i, (item, label_, budget) in enumerate(stream):

@@ -133,18 +133,18 @@ def create_fixed_app(bundle_dir: Path, model_id: str, max_pixels: int = 1 << 20)
 
 def serve_fixed(bundle_dir: Path, model_id: str, port: int, host: str = "127.0.0.1") -> None:
     """Run :func:`create_fixed_app` under uvicorn as ``python -m service`` runs budgetserve
-    (its TCP_NODELAY socket and h11 protocol, one worker)."""
+    (its TCP_NODELAY socket and uvicorn options, one worker)."""
     import uvicorn
 
-    from service.server import HeadTimeoutH11Protocol, listening_socket
+    from service.server import listening_socket, uvicorn_options
 
     sock = listening_socket(host, port)
     config = uvicorn.Config(
         create_fixed_app(bundle_dir, model_id),
         host=host,
         port=port,
-        http=HeadTimeoutH11Protocol,
         log_level="warning",
+        **uvicorn_options(),
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

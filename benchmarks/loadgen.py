@@ -159,8 +159,11 @@ def main() -> None:
                 answer = {}
             for field in keep:
                 value: Any = answer
-                for part in field.split("."):
-                    value = value.get(part) if isinstance(value, dict) else None
+                for part in field.split("."):  # keys, and list indices ("outputs.0.data.0")
+                    if isinstance(value, list) and part.isdigit():
+                        value = value[int(part)] if int(part) < len(value) else None
+                    else:
+                        value = value.get(part) if isinstance(value, dict) else None
                 row[field] = value
         out.append(row)
     json.dump(out, sys.stdout)

@@ -1,41 +1,48 @@
-"""The service under HTTP load on loopback: overhead against a bare app, the budget as a
-deadline under a load ramp, and where the server's time goes (profiles).
+"""The service against what a user would run instead, over HTTP on loopback: accuracy at
+the latency they already have, the service's own cost, and deadlines under load.
 
-One run starts, each in its own process on a free loopback port, with the same HTTP stack
-(uvicorn with ``service.server``'s TCP_NODELAY socket and h11 protocol, uvloop):
+One run starts, each in its own process on a free loopback port:
 
-- **budgetserve** (``python -m service``, in-process cache, the digits bundle);
-- the **bare app** (:func:`bare_app`, here in the benchmark): FastAPI + ONNX Runtime, decoding
-  the PNG as the service does and always answering with the ``thumbnail`` model — what a user
-  would run instead for the same answer, with nothing to plan, cache or account. It also has
-  ``POST /decode`` (decode only): the floor of any answer.
+- **budgetserve** (``python -m service``: its defaults, in-process cache, the digits bundle);
+- the **bare app** (:func:`bare_app`): FastAPI + ONNX Runtime on the same uvicorn stack
+  (``service.server.uvicorn_options``), decoding the PNG as the service does and always
+  answering with the ``thumbnail`` model: what a user would write for the same answer;
+- **MLServer** (Seldon, ``benchmarks.mlserver_runtime``): a custom runtime doing the bare
+  app's work behind the Open Inference Protocol, in a venv of its own (``.bench/mlserver``,
+  installed from PyPI on first use; skipped, and said so, when it cannot be installed);
+- the **raw floor** (:func:`floor_app`): the same work as a bare ASGI callable, no framework:
+  how low any Python server doing it can go on this stack.
 
-Load comes from :mod:`benchmarks.loadgen` in a separate process (closed loop: N clients;
-open loop: a fixed arrival rate). Items are held-out digits (the bundle's own split) at
-128 px, every request with a fresh id (no cache hits). Sections:
+Load comes from :mod:`benchmarks.loadgen` in a separate process (closed loop: N clients on
+kept-alive connections; open loop: a fixed arrival rate). Items: held-out digits (the
+bundle's own split, the last 20 % of scikit-learn's digits) rendered with a resampling filter
+the bundle never saw (Lanczos from the 8 x 8 source), every request with a fresh id.
 
-1. **Overhead**: requests/s of budgetserve (1 ms budget) and the bare app, in interleaved
-   rounds (the order alternates), at 1 and 8 clients, with 1 and 2 workers; the ratio's
-   min/median/max over rounds. Latency of a prior-only answer against the bare decode.
-2. **Load ramp**: 1, 4, 16, 64 clients, then an open-loop rate above capacity, at budgets 2, 5
-   and 20 ms, for both accountings: the fraction of answers the client saw within the budget
-   (and within budget + 1 ms), accuracy on the held-out labels, throughput, refusals.
-3. **Profiles**: ``py-spy`` samples the budgetserve worker under 8 clients at a 1 ms budget:
-   this checkout's code and, when ``--before REF`` names a git revision, that revision's
-   (the code before issue 17's changes), summarised by where the time goes.
+1. **One client** (goals 1 and 2 of issue 24), at 128 and 512 px, in interleaved rounds (the
+   bare app first in each round, then the others in alternating order): accuracy, client p50
+   and p99, the share of answers within budget + 0.5 and + 1 ms, CPU per answer. budgetserve
+   runs at 1 ms, at 5 ms (128 px) and at the bare app's p99 of the same round.
+2. **CPU per answer** at 8 connections (goal 3), the same servers.
+3. **Open loop** (goal 4): the bare app's saturation rate (closed loop, 16 clients), then
+   arrival rates from 30 % to 200 % of it at a 5 ms budget: within budget + 1 ms, accuracy,
+   goodput (correct answers within budget + 1 ms per second), 503s, for budgetserve and the
+   bare app.
+4. **Profiles**: ``py-spy`` on the budgetserve worker under 8 clients at 1 ms, for this
+   checkout and for ``--before REF``.
 
-``python -m benchmarks.service`` writes ``docs/benchmarks/service.md``;
-``python -m benchmarks.service --serve-bare --port N [--workers W]`` runs the bare app.
+``python -m benchmarks.service`` writes ``docs/benchmarks/service.md``; ``--serve bare|floor
+--port N`` runs one of the reference apps.
 
-The module stays whole (over 450 lines): the bare app, the interleaved rounds, the load ramp
-and the profile summary share one process set-up, the load generator's spec, the held-out
-items and one report.
+The module stays whole (over 450 lines): the reference apps, the processes, the cells and the
+report share one set-up, the load generator's spec and the held-out items.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
+import io
 import json
 import os
 import shutil
@@ -45,8 +52,8 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,56 +63,86 @@ from benchmarks.report import machine, measured_at, prose
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "models" / "digits"
-SIDE = 128
-KEEP = (
-    "prediction",
-    "expected_accuracy",
-    "cost.spent",
-    "cost.extracted",
-    "timings_ms.queued",
-    "timings_ms.since_received",
-)
+MLSERVER_VENV = ROOT / ".bench" / "mlserver"
+KEEP = ("prediction", "cost.extracted", "timings_ms.since_received", "below_floor")
+V2_PREDICTION = "outputs.0.data.0"
 
 
-# --------------------------------------------------------------------------- the bare app
+# --------------------------------------------------------------------------- reference apps
 
 
 def bare_app() -> Any:
     """FastAPI + ONNX Runtime answering every ``POST /predict`` with the bundle's
-    ``thumbnail`` model (decode as the service does, extract, infer), and ``POST /decode``
-    (decode only). The bundle is ``BENCH_BUNDLE`` (default: the embedded digits bundle)."""
+    ``thumbnail`` model (decode as the service does, extract, infer). The bundle is
+    ``BENCH_BUNDLE`` (default: the embedded digits bundle)."""
     from benchmarks.fixed_server import create_fixed_app
 
-    bundle = Path(os.environ.get("BENCH_BUNDLE", str(BUNDLE)))
-    app = create_fixed_app(bundle, "thumbnail")
+    return create_fixed_app(Path(os.environ.get("BENCH_BUNDLE", str(BUNDLE))), "thumbnail")
 
+
+def floor_app() -> Any:
+    """The bare app's work as a raw ASGI callable: no framework, no validation beyond what
+    the decoder does, the body parsed and the answer encoded once."""
     from service.bundle import read_manifest
+    from service.extractors.base import create_extractor
+    from service.inference import LoadedModel
     from service.items import make_decoder
 
-    decoder = make_decoder(read_manifest(bundle).item, 1 << 20)
+    folder = Path(os.environ.get("BENCH_BUNDLE", str(BUNDLE)))
+    manifest = read_manifest(folder)
+    spec = next(m for m in manifest.models if m.id == "thumbnail")
+    entry = next(e for e in manifest.extractors if e.name == "thumbnail")
+    extractor = create_extractor(entry.entry_point, entry.version, entry.params)
+    model = LoadedModel(spec, folder, len(manifest.classes))
+    decoder = make_decoder(manifest.item, 1 << 20)
+    classes = manifest.classes
+    model.predict_proba({"thumbnail": np.asarray(extractor.extract(np.zeros((32, 32))))})
 
-    @app.post("/decode")  # type: ignore[untyped-decorator]
-    def decode(body: dict[str, Any]) -> dict[str, int]:
-        return {"size": decoder.decode(body["item"]).size}
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        status, body = 200, b'{"ready":true}'
+        if scope["path"] == "/predict":
+            try:
+                item = decoder.decode(json.loads(b"".join(chunks))["item"])
+                vector = np.asarray(extractor.extract(item.data), dtype=np.float32)
+                label = classes[int(np.argmax(model.predict_proba({"thumbnail": vector})))]
+                body = json.dumps({"prediction": label}).encode()
+            except Exception as exc:  # a reference app: any failure is the client's
+                status, body = 422, json.dumps({"error": str(exc)}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     return app
 
 
-def serve_bare(port: int, workers: int) -> None:
+def serve_reference(name: str, port: int, workers: int) -> None:
+    """Run :func:`bare_app` or :func:`floor_app` as ``budgetserve-serve`` runs the service:
+    its socket and uvicorn options, ``workers`` processes."""
     import uvicorn
     from uvicorn.supervisors.multiprocess import Multiprocess
 
-    from service.server import HeadTimeoutH11Protocol, listening_socket
+    from service.server import listening_socket, uvicorn_options
 
     sock = listening_socket("127.0.0.1", port)
     config = uvicorn.Config(
-        "benchmarks.service:bare_app",
+        f"benchmarks.service:{name}_app",
         factory=True,
         host="127.0.0.1",
         port=port,
         workers=workers,
-        http=HeadTimeoutH11Protocol,
         log_level="warning",
+        **uvicorn_options(),
     )
     try:
         if workers > 1:
@@ -132,6 +169,9 @@ class Server:
     name: str
     port: int
     process: subprocess.Popen[bytes]
+    path: str = "/predict"
+    answer: str = "prediction"  # where the answer's class is in the response (loadgen keep)
+    body: Callable[[str, float | None], dict[str, Any]] | None = None
 
     def worker_pids(self) -> list[int]:
         """The processes that serve requests: the children when there are any (workers)."""
@@ -144,6 +184,18 @@ class Server:
         pids = [int(p) for p in out]
         return pids or [self.process.pid]
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the server's processes so far."""
+        total = 0.0
+        for pid in {self.process.pid, *self.worker_pids()}:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -153,61 +205,119 @@ class Server:
             self.process.wait()
 
 
-def start_service(workers: int, code: Path = ROOT, **env: str) -> Server:
+def _spawn(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def start_service(workers: int | None = None, code: Path = ROOT, **env: str) -> Server:
+    """budgetserve with its defaults (``workers``: BUDGETSERVE_WORKERS, else the default)."""
     port = _free_port()
     environ = dict(
         os.environ,
         BUDGETSERVE_PORT=str(port),
         BUDGETSERVE_HOST="127.0.0.1",
         BUDGETSERVE_MODELS_DIR=str(ROOT / "models"),
-        BUDGETSERVE_WORKERS=str(workers),
         PYTHONPATH=str(code),
         **env,
     )
+    if workers is not None:
+        environ["BUDGETSERVE_WORKERS"] = str(workers)
     environ.pop("REDIS_URL", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service"],
-        env=environ,
-        cwd=code,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return Server(f"budgetserve ({workers}w)", port, process)
+    process = _spawn([sys.executable, "-m", "service"], environ, cwd=code)
+    return Server("budgetserve", port, process, body=_predict_body)
 
 
-def start_bare(workers: int) -> Server:
+def start_reference(name: str, workers: int) -> Server:
     port = _free_port()
     environ = dict(os.environ, PYTHONPATH=str(ROOT))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.service",
-            "--serve-bare",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=environ,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    argv = [sys.executable, "-m", "benchmarks.service", "--serve", name, "--port", str(port)]
+    process = _spawn([*argv, "--workers", str(workers)], environ)
+    return Server(name, port, process, body=_predict_body)
+
+
+def mlserver_python() -> Path | None:
+    """The MLServer venv's python, made on first use (None, with the reason printed, when
+    it cannot be installed here)."""
+    python = MLSERVER_VENV / "bin" / "python"
+    if (MLSERVER_VENV / ".installed").exists():
+        return python
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "mlserver>=1.7,<1.8",
+                "onnxruntime",
+                "pillow",
+                "numpy",
+                "pydantic-settings",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"MLServer could not be installed ({exc}); its rows are left out", file=sys.stderr)
+        return None
+    (MLSERVER_VENV / ".installed").touch()
+    return python
+
+
+def start_mlserver(workdir: Path) -> Server | None:
+    python = mlserver_python()
+    if python is None:
+        return None
+    port = _free_port()
+    model = workdir / "digits"
+    model.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "host": "127.0.0.1",
+        "http_port": port,
+        "grpc_port": _free_port(),
+        "metrics_port": _free_port(),
+        "debug": False,
+        # MLServer 1.7 with uvloop installed: its parallel inference workers die at start.
+        "parallel_workers": 0,
+    }
+    (workdir / "settings.json").write_text(json.dumps(settings))
+    (model / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": "digits",
+                "implementation": "benchmarks.mlserver_runtime.ThumbnailRuntime",
+                "parameters": {"uri": str(BUNDLE)},
+            }
+        )
     )
-    return Server(f"bare ({workers}w)", port, process)
+    environ = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = _spawn([str(python.parent / "mlserver"), "start", str(workdir)], environ, cwd=ROOT)
+    return Server(
+        "MLServer",
+        port,
+        process,
+        path="/v2/models/digits/infer",
+        answer=V2_PREDICTION,
+        body=_v2_body,
+    )
 
 
-def wait_ready(servers: Sequence[Server], timeout_s: float = 180.0) -> None:
+def wait_ready(servers: Sequence[Server], timeout_s: float = 240.0) -> None:
     import http.client
 
     deadline = time.monotonic() + timeout_s
     for server in servers:
+        probe = "/v2/health/ready" if server.path.startswith("/v2") else "/readyz"
         while True:
             if server.process.poll() is not None:
                 raise RuntimeError(f"{server.name} exited during start-up")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-                conn.request("GET", "/readyz")
+                conn.request("GET", probe)
                 if conn.getresponse().status == 200:
                     conn.close()
                     break
@@ -218,7 +328,21 @@ def wait_ready(servers: Sequence[Server], timeout_s: float = 180.0) -> None:
             time.sleep(0.2)
 
 
-# --------------------------------------------------------------------------- load
+# --------------------------------------------------------------------------- items and load
+
+
+def _predict_body(png: str, budget: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "digits", "item": {"id": "@ID@", "png_base64": png}}
+    if budget is not None:
+        body["budget"] = budget
+    return body
+
+
+def _v2_body(png: str, budget: float | None) -> dict[str, Any]:
+    return {
+        "id": "@ID@",
+        "inputs": [{"name": "png", "shape": [1], "datatype": "BYTES", "data": [png]}],
+    }
 
 
 @dataclass
@@ -226,40 +350,51 @@ class Items:
     pngs: list[str]
     labels: list[int]
 
-    def templates(self, budget: float | None, accounting: str | None = None) -> list[str]:
-        out = []
-        for png in self.pngs:
-            body: dict[str, Any] = {"model": "digits", "item": {"id": "@ID@", "png_base64": png}}
-            if budget is not None:
-                body["budget"] = budget
-            if accounting is not None:
-                body["accounting"] = accounting
-            out.append(json.dumps(body).replace("%", "%%").replace("@ID@", "%s"))
-        return out
+    def templates(self, server: Server, budget: float | None) -> list[str]:
+        assert server.body is not None
+        return [
+            json.dumps(server.body(png, budget)).replace("%", "%%").replace("@ID@", "%s")
+            for png in self.pngs
+        ]
+
+
+def render_foreign(indices: np.ndarray, side: int) -> list[str]:
+    """The digits at ``indices`` upscaled from their 8 x 8 source with Lanczos (a filter the
+    bundle's own rendering never used), as base64 PNGs."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    images = load_digits().images
+    out = []
+    for i in indices:
+        source = Image.fromarray((images[int(i)] * (255.0 / 16.0)).astype(np.uint8), "L")
+        png = io.BytesIO()
+        source.resize((side, side), Image.Resampling.LANCZOS).save(png, format="PNG")
+        out.append(base64.b64encode(png.getvalue()).decode())
+    return out
 
 
 def load(
-    port: int,
-    *,
+    server: Server,
     templates: list[str],
     duration_s: float,
-    clients: int | None = None,
+    *,
+    clients: int = 1,
     rate: float | None = None,
-    path: str = "/predict",
-    keep: Sequence[str] = (),
     prefix: str = "r",
 ) -> list[dict[str, Any]]:
+    keep = [*KEEP, server.answer] if server.answer != "prediction" else list(KEEP)
     spec = {
-        "port": port,
-        "path": path,
-        "method": "POST" if templates else "GET",
+        "port": server.port,
+        "path": server.path,
+        "method": "POST",
         "templates": templates,
         "duration_s": duration_s,
         "warmup_s": 0.5,
         "mode": "closed" if rate is None else "open",
-        "clients": clients or 1,
+        "clients": clients,
         "rate": rate or 0.0,
-        "keep": list(keep),
+        "keep": keep,
         "id_prefix": prefix,
     }
     done = subprocess.run(
@@ -268,174 +403,244 @@ def load(
         capture_output=True,
         text=True,
         cwd=ROOT,
-        check=True,
+        check=False,
     )
+    if done.returncode:
+        raise RuntimeError(f"the load generator failed: {done.stderr[-2000:]}")
     rows: list[dict[str, Any]] = json.loads(done.stdout)
+    for row in rows:
+        row["answer"] = row.get(server.answer)
     return rows
 
 
-def throughput(rows: list[dict[str, Any]], duration_s: float) -> float:
-    return float(sum(r["status"] == 200 for r in rows)) / duration_s
+@dataclass
+class Cell:
+    """One server at one budget: what the client saw."""
+
+    server: str
+    budget: float | None
+    rows: list[dict[str, Any]]
+    labels: list[int]
+    duration_s: float
+    cpu_s: float
+
+    @property
+    def ok(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] == 200]
+
+    def correct(self, r: dict[str, Any]) -> bool:
+        return str(r.get("answer")) == str(self.labels[r["template"]])
+
+    @property
+    def accuracy(self) -> float:
+        ok = self.ok
+        return sum(self.correct(r) for r in ok) / len(ok) if ok else float("nan")
+
+    def p(self, q: float) -> float:
+        if not self.rows:
+            return float("nan")
+        return float(np.percentile([r["ms"] for r in self.rows], q))
+
+    def within(self, slack_ms: float, budget: float | None = None) -> float:
+        """Share of requests answered (200) within ``budget`` (this cell's) + ``slack_ms``."""
+        limit = (budget if budget is not None else self.budget or 0.0) + slack_ms
+        n = max(len(self.rows), 1)
+        return float(sum(r["status"] == 200 and r["ms"] <= limit for r in self.rows) / n)
+
+    def goodput(self, slack_ms: float) -> float:
+        limit = (self.budget or 0.0) + slack_ms
+        good = [r for r in self.ok if r["ms"] <= limit and self.correct(r)]
+        return len(good) / self.duration_s
+
+    @property
+    def cpu_per_answer_ms(self) -> float:
+        return 1e3 * self.cpu_s / max(len(self.ok), 1)
+
+    @property
+    def refused(self) -> int:
+        return sum(r["status"] == 503 for r in self.rows)
+
+    @property
+    def below_floor(self) -> int:
+        return sum(bool(r.get("below_floor")) for r in self.ok)
+
+    @property
+    def extracted(self) -> str:
+        counts = collections.Counter(
+            "+".join(sorted(r.get("cost.extracted") or [])) or "(prior)" for r in self.ok
+        )
+        return ", ".join(
+            f"{k} {100 * v / max(len(self.ok), 1):.0f} %" for k, v in counts.most_common(3)
+        )
 
 
-# --------------------------------------------------------------------------- 1. overhead
-
-
-def overhead(items: Items, rounds: int, duration_s: float) -> tuple[list[str], dict[str, Any]]:
-    lines = [
-        "| workers | clients | budgetserve req/s (rounds) | bare req/s (rounds) "
-        "| ratio min / median / max |",
-        "|---|---|---|---|---|",
-    ]
-    floor: dict[str, Any] = {}
-    for workers in (1, 2):
-        service, bare = start_service(workers), start_bare(workers)
-        try:
-            wait_ready([service, bare])
-            ours = items.templates(1.0)
-            theirs = items.templates(None)
-            for server, t in ((service, ours), (bare, theirs)):  # warm-up
-                load(server.port, templates=t, duration_s=1.0, clients=4, prefix="w")
-            for clients in (1, 8):
-                mine, base, ratios = [], [], []
-                for k in range(rounds):
-                    order = [(service, ours), (bare, theirs)]
-                    if k % 2:
-                        order.reverse()
-                    got = {}
-                    for server, t in order:
-                        rows = load(
-                            server.port,
-                            templates=t,
-                            duration_s=duration_s,
-                            clients=clients,
-                            prefix=f"o{workers}{clients}{k}",
-                        )
-                        got[server.name] = throughput(rows, duration_s)
-                    mine.append(got[service.name])
-                    base.append(got[bare.name])
-                    ratios.append(got[service.name] / max(got[bare.name], 1e-9))
-                lines.append(
-                    f"| {workers} | {clients} | {' / '.join(f'{v:.0f}' for v in mine)} | "
-                    f"{' / '.join(f'{v:.0f}' for v in base)} | {min(ratios):.2f} / "
-                    f"{float(np.median(ratios)):.2f} / {max(ratios):.2f} |"
-                )
-            if workers == 1:
-                prior = load(
-                    service.port,
-                    templates=items.templates(0.05),
-                    duration_s=duration_s,
-                    clients=1,
-                    keep=("cost.extracted",),
-                    prefix="p",
-                )
-                decode = load(
-                    bare.port,
-                    templates=items.templates(None),
-                    duration_s=duration_s,
-                    clients=1,
-                    path="/decode",
-                    prefix="d",
-                )
-                health = load(
-                    bare.port,
-                    templates=[],
-                    duration_s=duration_s,
-                    clients=1,
-                    path="/readyz",
-                    prefix="h",
-                )
-                floor = {
-                    "prior_p50": float(np.median([r["ms"] for r in prior if r["status"] == 200])),
-                    "prior_extracted": sum(bool(r.get("cost.extracted")) for r in prior),
-                    "prior_n": len(prior),
-                    "decode_p50": float(np.median([r["ms"] for r in decode if r["status"] == 200])),
-                    "health_p50": float(np.median([r["ms"] for r in health if r["status"] == 200])),
-                }
-        finally:
-            service.stop()
-            bare.stop()
-    return lines, floor
-
-
-# --------------------------------------------------------------------------- 2. load ramp
-
-RAMP = (1, 4, 16, 64)
-BUDGETS = (2.0, 5.0, 20.0)
-
-
-def _cell(rows: list[dict[str, Any]], items: Items, budget: float, duration_s: float) -> str:
-    ok = [r for r in rows if r["status"] == 200]
-    lat = np.asarray([r["ms"] for r in rows]) if rows else np.zeros(1)
-    within = sum(r["status"] == 200 and r["ms"] <= budget for r in rows)
-    within1 = sum(r["status"] == 200 and r["ms"] <= budget + 1.0 for r in rows)
-    correct = sum(r["prediction"] == str(items.labels[r["template"]]) for r in ok)
-    refused = sum(r["status"] == 503 for r in rows)
-    other = len(rows) - len(ok) - refused
-    n = max(len(rows), 1)
-    acc = correct / len(ok) if ok else float("nan")
-    # The server's own view: receipt (first bytes) to the answer's last step, 200s only.
-    seen = [r["timings_ms.since_received"] for r in ok if r.get("timings_ms.since_received")]
-    server = np.asarray(seen) if seen else np.full(1, np.nan)
-    return (
-        f"{100 * within / n:.1f} % | {100 * within1 / n:.1f} % | {acc:.3f} | "
-        f"{len(ok) / duration_s:.0f} | {np.percentile(lat, 50):.1f} / "
-        f"{np.percentile(lat, 99):.1f} | {np.percentile(server, 50):.1f} / "
-        f"{np.percentile(server, 99):.1f} | {refused}{f' (+{other} failed)' if other else ''}"
+def measure(
+    server: Server,
+    items: Items,
+    budget: float | None,
+    duration_s: float,
+    *,
+    clients: int = 1,
+    rate: float | None = None,
+    prefix: str = "r",
+) -> Cell:
+    before = server.cpu_s()
+    rows = load(
+        server,
+        items.templates(server, budget),
+        duration_s,
+        clients=clients,
+        rate=rate,
+        prefix=prefix,
     )
+    return Cell(server.name, budget, rows, items.labels, duration_s, server.cpu_s() - before)
 
 
-def ramp(items: Items, duration_s: float) -> tuple[list[str], dict[str, int]]:
-    """The load-ramp table, and the 503s counted in closed and open loops."""
-    refused = {"closed": 0, "open": 0}
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- 1. one client
+
+
+def one_client(
+    servers: dict[str, Server], items: Items, side: int, rounds: int, duration_s: float
+) -> tuple[list[str], dict[str, Any]]:
+    """Rows of the one-client table at ``side`` (medians over rounds) and the goal values."""
+    bare, service = servers["bare"], servers["budgetserve"]
+    others = [s for name, s in servers.items() if name not in ("bare", "budgetserve")]
+    fixed_budgets = [1.0, 5.0] if side == 128 else [1.0]
+    cells: dict[str, list[Cell]] = collections.defaultdict(list)
+    for k in range(rounds):
+        base = measure(bare, items, None, duration_s, prefix=f"b{side}{k}")
+        cells["bare"].append(base)
+        p99 = round(base.p(99), 2)
+        jobs: list[tuple[str, Server, float | None]] = [(s.name, s, None) for s in others]
+        jobs += [(f"budgetserve @ {b:g} ms", service, b) for b in fixed_budgets]
+        jobs.append(("budgetserve @ bare p99", service, p99))
+        if k % 2:
+            jobs.reverse()
+        for label, server, budget in jobs:
+            cells[label].append(
+                measure(server, items, budget, duration_s, prefix=f"c{side}{k}{len(cells)}")
+            )
     lines = [
-        "| budget ms | accounting | load | within budget | within budget + 1 ms | accuracy "
-        "| answers/s | client p50 / p99 ms | server p50 / p99 ms | 503 |",
+        f"### {side} x {side} px",
+        "",
+        "| server | budget ms | accuracy | p50 ms | p99 ms | within budget + 0.5 ms "
+        "| within budget + 1 ms | CPU per answer ms | below floor | computed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    service = start_service(1)
-    try:
-        wait_ready([service])
-        load(service.port, templates=items.templates(5.0), duration_s=1.0, clients=4, prefix="w")
-        for budget in BUDGETS:
-            for accounting in ("deadline", "work"):
-                t = items.templates(budget, accounting)
-                capacity = 0.0
-                for clients in RAMP:
-                    rows = load(
-                        service.port,
-                        templates=t,
-                        duration_s=duration_s,
-                        clients=clients,
-                        keep=KEEP,
-                        prefix=f"l{budget}{accounting[0]}{clients}",
-                    )
-                    capacity = max(capacity, throughput(rows, duration_s))
-                    refused["closed"] += sum(r["status"] == 503 for r in rows)
-                    cell = _cell(rows, items, budget, duration_s)
-                    lines.append(f"| {budget:g} | {accounting} | {clients} clients | {cell} |")
-                rate = 1.5 * capacity
-                rows = load(
-                    service.port,
-                    templates=t,
-                    duration_s=duration_s,
-                    rate=rate,
-                    keep=KEEP,
-                    prefix=f"r{budget}{accounting[0]}",
-                )
-                refused["open"] += sum(r["status"] == 503 for r in rows)
-                cell = _cell(rows, items, budget, duration_s)
-                lines.append(f"| {budget:g} | {accounting} | open loop {rate:.0f}/s | {cell} |")
-    finally:
-        service.stop()
-    return lines, refused
+    goals: dict[str, Any] = {}
+    for label, runs in cells.items():
+        given = [c.budget for c in runs if c.budget is not None]
+        fixed = not given
+        budgets = "—" if fixed else " / ".join(f"{b:g}" for b in given)
+        lines.append(
+            f"| {label} | {budgets} | {_median([c.accuracy for c in runs]):.3f} "
+            f"| {_median([c.p(50) for c in runs]):.2f} | {_median([c.p(99) for c in runs]):.2f} "
+            f"| {'—' if fixed else f'{100 * _median([c.within(0.5) for c in runs]):.1f} %'} "
+            f"| {'—' if fixed else f'{100 * _median([c.within(1.0) for c in runs]):.1f} %'} "
+            f"| {_median([c.cpu_per_answer_ms for c in runs]):.3f} "
+            f"| {'—' if fixed else sum(c.below_floor for c in runs)} "
+            f"| {'thumbnail' if fixed else runs[-1].extracted} |"
+        )
+        goals[label] = {
+            "accuracy": _median([c.accuracy for c in runs]),
+            "p99": _median([c.p(99) for c in runs]),
+            "within05": _median([c.within(0.5) for c in runs]),
+            "within1": _median([c.within(1.0) for c in runs]),
+            "cpu": _median([c.cpu_per_answer_ms for c in runs]),
+        }
+    return lines, goals
 
 
-# --------------------------------------------------------------------------- 3. profiles
+# --------------------------------------------------------------------------- 2. CPU per answer
+
+
+def cpu_table(
+    servers: dict[str, Server], items: Items, rounds: int, duration_s: float
+) -> tuple[list[str], dict[str, float]]:
+    jobs: list[tuple[str, Server, float | None]] = [
+        (s.name, s, None) for name, s in servers.items() if name != "budgetserve"
+    ]
+    jobs += [(f"budgetserve @ {b:g} ms", servers["budgetserve"], b) for b in (1.0, 2.0)]
+    cells: dict[str, list[Cell]] = collections.defaultdict(list)
+    for k in range(rounds):
+        for label, server, budget in jobs if k % 2 == 0 else list(reversed(jobs)):
+            cells[label].append(
+                measure(server, items, budget, duration_s, clients=8, prefix=f"u{k}{len(cells)}")
+            )
+    lines = [
+        "| server | answers/s | CPU per answer ms (rounds) | median | accuracy | computed |",
+        "|---|---|---|---|---|---|",
+    ]
+    out = {}
+    for label, runs in cells.items():
+        cpu = [c.cpu_per_answer_ms for c in runs]
+        out[label] = _median(cpu)
+        lines.append(
+            f"| {label} | {_median([len(c.ok) / c.duration_s for c in runs]):.0f} "
+            f"| {' / '.join(f'{v:.3f}' for v in cpu)} | {out[label]:.3f} "
+            f"| {_median([c.accuracy for c in runs]):.3f} "
+            f"| {'thumbnail' if runs[0].budget is None else runs[-1].extracted} |"
+        )
+    return lines, out
+
+
+# --------------------------------------------------------------------------- 3. open loop
+
+FRACTIONS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.5, 2.0)
+OPEN_BUDGET = 5.0
+
+
+def open_loop(
+    service: Server, bare: Server, items: Items, duration_s: float
+) -> tuple[list[str], dict[str, Any]]:
+    answered = len(measure(bare, items, None, duration_s, clients=16, prefix="sat").ok)
+    saturation = answered / duration_s
+    lines = [
+        f"Bare app's saturation: {saturation:.0f} answers/s (closed loop, 16 clients).",
+        "",
+        "| rate | server | within budget + 1 ms | accuracy | goodput /s | answers/s "
+        "| p50 / p99 ms | 503 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    found: dict[str, Any] = {"saturation": saturation, "cells": {}}
+    for fraction in FRACTIONS:
+        rate = fraction * saturation
+        for server, budget in ((service, OPEN_BUDGET), (bare, None)):
+            cell = measure(
+                server, items, budget, duration_s, rate=rate, prefix=f"o{fraction}{server.name}"
+            )
+            limit = OPEN_BUDGET + 1.0
+            within = cell.within(1.0, OPEN_BUDGET)
+            good = len([r for r in cell.ok if r["ms"] <= limit and cell.correct(r)])
+            found["cells"][(fraction, server.name)] = {
+                "within1": within,
+                "accuracy": cell.accuracy,
+                "goodput": good / duration_s,
+            }
+            answers = len(cell.ok) / duration_s
+            lines.append(
+                f"| {rate:.0f}/s ({100 * fraction:.0f} %) | {server.name} | {100 * within:.1f} % "
+                f"| {cell.accuracy:.3f} | {good / duration_s:.0f} | {answers:.0f} "
+                f"| {cell.p(50):.1f} / {cell.p(99):.1f} | {cell.refused} |"
+            )
+    return lines, found
+
+
+# --------------------------------------------------------------------------- 4. profiles
 
 CATEGORIES = (
-    ("HTTP parsing and protocol (uvicorn h11)", ("h11", "uvicorn/protocols")),
-    ("thread hand-off (anyio to_thread)", ("to_thread", "anyio/_backends", "threading.py")),
+    (
+        "HTTP parsing and protocol (uvicorn, h11, httptools)",
+        ("h11", "uvicorn/protocols", "httptools"),
+    ),
+    (
+        "thread hand-off",
+        ("to_thread", "anyio/_backends", "threading.py", "concurrent/futures", "run_in_executor"),
+    ),
     ("PNG decoding", ("service/items.py", "PIL/")),
     (
         "plan / extract / infer",
@@ -443,6 +648,8 @@ CATEGORIES = (
     ),
     ("JSON and validation (pydantic, json)", ("pydantic", "json/")),
     ("FastAPI / Starlette routing and middleware", ("fastapi/", "starlette/")),
+    ("logging", ("logging/",)),
+    ("metrics (prometheus_client)", ("prometheus_client",)),
     ("event loop (uvloop / asyncio)", ("uvloop", "asyncio/")),
 )
 
@@ -484,8 +691,8 @@ def profile(items: Items, code: Path, duration_s: float, label: str) -> list[str
     service = start_service(1, code=code)
     try:
         wait_ready([service])
-        t = items.templates(1.0)  # (no accounting field: the code before knows none)
-        load(service.port, templates=t, duration_s=1.0, clients=4, prefix="w")
+        t = items.templates(service, 1.0)
+        load(service, t, 1.0, clients=4, prefix="w")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "stacks.txt"
             spying = subprocess.Popen(
@@ -507,21 +714,15 @@ def profile(items: Items, code: Path, duration_s: float, label: str) -> list[str
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
-            rows = load(
-                service.port,
-                templates=t,
-                duration_s=duration_s,
-                clients=8,
-                prefix=f"s{label}",
-            )
+            rows = load(service, t, duration_s, clients=8, prefix=f"s{label}")
             _, err = spying.communicate(timeout=120)
-            rate = throughput(rows, duration_s)
+            rate = sum(r["status"] == 200 for r in rows) / duration_s
             if not out.exists():
                 return [f"({label}: py-spy failed: {err.decode(errors='replace')[-300:]})"]
             summary = summarize(out.read_text())
     finally:
         service.stop()
-    return [f"**{label}** ({rate:.0f} req/s while sampled):", "", *summary]
+    return [f"**{label}** ({rate:.0f} answers/s while sampled):", "", *summary]
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -542,54 +743,132 @@ def checkout(ref: str, into: Path) -> Path:
 # --------------------------------------------------------------------------- report
 
 
-def main(
-    out_path: str = "docs/benchmarks/service.md",
-    rounds: int = 3,
-    duration_s: float = 3.0,
-    ramp_s: float = 2.5,
-    before: str | None = None,
-) -> Path:
-    from benchmarks.fixed_server import held_out_items, render_pngs
+@dataclass
+class Options:
+    rounds: int = 3
+    duration_s: float = 3.0
+    open_s: float = 3.0
+    workers: int | None = None  # budgetserve's default when None
+    before: str | None = None
+    sides: tuple[int, ...] = (128, 512)
+    count: int = 240
+    mlserver: bool = True
+    goals: dict[str, Any] = field(default_factory=dict)
 
+
+def _goal_lines(found: dict[str, Any]) -> list[str]:
+    lines = []
+    for side in found.get("sides", []):
+        g = found[f"one_{side}"]
+        bare, ours = g["bare"], g["budgetserve @ bare p99"]
+        lines.append(
+            f"- Goal 1, {side} px (budget = the bare app's p99): accuracy {ours['accuracy']:.3f} "
+            f"vs {bare['accuracy']:.3f}; p99 {ours['p99']:.2f} vs {bare['p99']:.2f} ms "
+            f"({ours['p99'] / bare['p99']:.2f}×, goal ≤ 1.15×); within budget + 1 ms "
+            f"{100 * ours['within1']:.1f} % (goal ≥ 99 %)."
+        )
+    if "one_128" in found:
+        one = found["one_128"]["budgetserve @ 1 ms"]
+        lines.append(
+            f"- Goal 2, 128 px at 1 ms: accuracy {one['accuracy']:.3f} (goal ≥ 0.90); within "
+            f"budget + 0.5 ms {100 * one['within05']:.1f} % (goal ≥ 99 %)."
+        )
+    cpu = found.get("cpu", {})
+    if cpu:
+        others = ", ".join(
+            f"{k} {v:.3f}" for k, v in cpu.items() if not k.startswith("budgetserve")
+        )
+        ours = ", ".join(f"{k} {v:.3f}" for k, v in cpu.items() if k.startswith("budgetserve"))
+        lines.append(f"- Goal 3, CPU per answer at 8 connections (ms): {ours}; {others}.")
+    loop = found.get("open")
+    if loop:
+        at70 = loop["cells"].get((0.7, "budgetserve"))
+        one5 = found["one_128"]["budgetserve @ 5 ms"]["accuracy"] if "one_128" in found else None
+        goods = [v["goodput"] for (f, name), v in loop["cells"].items() if name == "budgetserve"]
+        above = [
+            v["goodput"]
+            for (f, name), v in loop["cells"].items()
+            if name == "budgetserve" and f > 1
+        ]
+        worst, peak = min(above, default=0.0), max(goods, default=0.0)
+        if at70 is not None:
+            lines.append(
+                f"- Goal 4, open loop at 70 % of the bare app's saturation, 5 ms: within budget "
+                f"+ 1 ms {100 * at70['within1']:.1f} % (goal ≥ 99 %), accuracy "
+                f"{at70['accuracy']:.3f} vs {one5:.3f} at one client (goal: within 0.02); "
+                f"goodput above saturation {worst:.0f}/s at worst vs a peak of {peak:.0f}/s "
+                f"({worst / max(peak, 1e-9):.0%}, goal ≥ 90 %)."
+            )
+    return lines
+
+
+def main(out_path: str = "docs/benchmarks/service.md", options: Options | None = None) -> Path:
+    from benchmarks.fixed_server import held_out_items
+
+    opts = options or Options()
     started = time.perf_counter()
-    indices, labels = held_out_items(50, BUNDLE)
-    items = Items(render_pngs(indices, SIDE), [int(v) for v in labels])
-    profiles: list[str] = []
+    indices, labels = held_out_items(opts.count, BUNDLE)
+    found: dict[str, Any] = {"sides": list(opts.sides)}
+    sections: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        if before:
-            profiles += profile(items, checkout(before, Path(tmp)), 5.0, f"before ({before})")
+        profiles: list[str] = []
+        items128 = Items(render_foreign(indices, 128), [int(v) for v in labels])
+        if opts.before:
+            profiles += profile(
+                items128, checkout(opts.before, Path(tmp)), 5.0, f"before ({opts.before})"
+            )
             profiles.append("")
-        profiles += profile(items, ROOT, 5.0, "after (this checkout)")
-    table, floor = overhead(items, rounds, duration_s)
-    ramp_lines, refused = ramp(items, ramp_s)
+        profiles += profile(items128, ROOT, 5.0, "after (this checkout)")
+        workers = opts.workers
+        service = start_service(workers)
+        bare = start_reference("bare", workers or 1)
+        floor = start_reference("floor", workers or 1)
+        mls = start_mlserver(Path(tmp) / "mlserver") if opts.mlserver else None
+        servers = {"budgetserve": service, "bare": bare, "floor": floor}
+        if mls is not None:
+            servers["MLServer"] = mls
+        try:
+            wait_ready(list(servers.values()))
+            for server in servers.values():  # warm-up
+                load(server, items128.templates(server, 2.0), 1.0, clients=2, prefix="w")
+            for side in opts.sides:
+                items = (
+                    items128
+                    if side == 128
+                    else Items(render_foreign(indices, side), items128.labels)
+                )
+                lines, found[f"one_{side}"] = one_client(
+                    servers, items, side, opts.rounds, opts.duration_s
+                )
+                sections += [*lines, ""]
+            cpu_lines, found["cpu"] = cpu_table(servers, items128, opts.rounds, opts.duration_s)
+            loop_lines, found["open"] = open_loop(service, bare, items128, opts.open_s)
+        finally:
+            for server in servers.values():
+                server.stop()
     elapsed = time.perf_counter() - started
     lines = prose(
         "service",
         measured_at=measured_at(),
         machine=machine(),
-        rounds=rounds,
-        duration=f"{duration_s:g}",
         minutes=f"{elapsed / 60:.1f}",
-        load=os.getloadavg()[0],
+        load=f"{os.getloadavg()[0]:.1f}",
+        count=opts.count,
+        workers=opts.workers or "its default",
+        mlserver=""
+        if mls is not None
+        else " (MLServer could not be installed here: its rows are missing)",
     )
-    lines += table
-    lines += prose(
-        "service",
-        "floor",
-        prior_p50=f"{floor['prior_p50']:.2f}",
-        prior_extracted=floor["prior_extracted"],
-        prior_n=floor["prior_n"],
-        decode_p50=f"{floor['decode_p50']:.2f}",
-        health_p50=f"{floor['health_p50']:.2f}",
-        gap=f"{floor['prior_p50'] - floor['decode_p50']:.2f}",
-        ramp_s=f"{ramp_s:g}",
-    )
-    lines += ramp_lines
+    lines += _goal_lines(found)
+    lines += prose("service", "one", rounds=opts.rounds, duration=f"{opts.duration_s:g}")
+    lines += sections
+    lines += prose("service", "cpu", rounds=opts.rounds)
+    lines += cpu_lines
+    lines += prose("service", "open", open_s=f"{opts.open_s:g}")
+    lines += loop_lines
     lines += prose("service", "profiles")
     lines += profiles
-    lines += prose(
-        "service", "notes", refused_closed=refused["closed"], refused_open=refused["open"]
-    )
+    lines += prose("service", "notes")
     path = ROOT / out_path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -598,16 +877,29 @@ def main(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--serve-bare", action="store_true", help="run the bare app")
+    parser.add_argument("--serve", choices=("bare", "floor"), help="run a reference app")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per overhead cell")
-    parser.add_argument("--ramp-duration", type=float, default=2.5, help="seconds per ramp cell")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per cell")
+    parser.add_argument("--open-duration", type=float, default=3.0, help="seconds per rate")
+    parser.add_argument("--sides", default="128,512")
+    parser.add_argument("--count", type=int, default=240, help="held-out digits")
+    parser.add_argument("--no-mlserver", action="store_true")
     parser.add_argument("--before", help="git revision whose service to profile as 'before'")
     parser.add_argument("--out", default="docs/benchmarks/service.md")
     args = parser.parse_args()
-    if args.serve_bare:
-        serve_bare(args.port, args.workers)
+    if args.serve:
+        serve_reference(args.serve, args.port, args.workers or 1)
     else:
-        print(main(args.out, args.rounds, args.duration, args.ramp_duration, args.before))
+        opts = Options(
+            rounds=args.rounds,
+            duration_s=args.duration,
+            open_s=args.open_duration,
+            workers=args.workers,
+            before=args.before,
+            sides=tuple(int(s) for s in args.sides.split(",")),
+            count=args.count,
+            mlserver=not args.no_mlserver,
+        )
+        print(main(args.out, opts))

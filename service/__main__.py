@@ -27,7 +27,7 @@ from service import tracing
 from service.http import create_app
 from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
-from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
+from service.server import DrainingMultiprocess, listening_socket, uvicorn_options, worker_count
 from service.settings import Settings
 
 log = logging.getLogger("budgetserve.serve")
@@ -110,14 +110,15 @@ def main(argv: list[str] | None = None) -> None:
             "BUDGETSERVE_WATCH_INTERVAL_S)",
             settings.models_dir.resolve(),
         )
+    workers = worker_count(settings.workers)
     sock = listening_socket(settings.host, settings.port)
     log.info(
         "listening on %s:%d (TCP_NODELAY), %d worker(s)",
         settings.host,
         sock.getsockname()[1],
-        settings.workers,
+        workers,
     )
-    if settings.workers > 1:
+    if workers > 1:
         # Workers share their metrics through files (prometheus-client multiprocess mode);
         # the variable must be set before the workers import prometheus_client.
         created = None
@@ -129,12 +130,11 @@ def main(argv: list[str] | None = None) -> None:
                 "service.__main__:worker_app",
                 factory=True,
                 log_config=None,
-                access_log=settings.log_format == "text",
                 host=settings.host,
                 port=settings.port,
-                workers=settings.workers,
+                workers=workers,
                 timeout_graceful_shutdown=30,
-                http=HeadTimeoutH11Protocol,
+                **uvicorn_options(),
             )
             DrainingMultiprocess(config, sockets=[sock]).run()
         finally:
@@ -145,11 +145,10 @@ def main(argv: list[str] | None = None) -> None:
         config = uvicorn.Config(
             create_app(settings),
             log_config=None,
-            access_log=settings.log_format == "text",
             host=settings.host,
             port=settings.port,
             timeout_graceful_shutdown=30,
-            http=HeadTimeoutH11Protocol,
+            **uvicorn_options(),
         )
         server = uvicorn.Server(config)
         try:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import heapq
+import itertools
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import anyio
-import anyio.to_thread
 import numpy as np
 
 from service import tracing
@@ -25,6 +28,7 @@ from service.cache import (
 from service.errors import BudgetTooLarge, InvalidRequest, Overloaded, SizeMismatch
 from service.execution import Execution, execute
 from service.extractors.sensor import given_vector
+from service.floor import FloorMeter
 from service.items import DecodedItem
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
@@ -37,6 +41,11 @@ log = logging.getLogger("budgetserve.handler")
 CACHE_READ_SHARE = 0.2
 # Retry-After of a 503 for a full queue: the queue turns over within about a budget.
 RETRY_AFTER_S = 1
+# A standing queue (``PredictHandler._admit_by_deadline``): the smallest lateness (receipt to
+# the start of the work) over an interval above the target, as CoDel's defaults scaled to
+# budgets of milliseconds.
+QUEUE_INTERVAL_S = 0.1
+QUEUE_TARGET_MS = 2.0
 # Weight of the latest wait in the running estimate of the wait for a thread.
 WAIT_EWMA = 0.2
 # How a measured budget is counted (``PredictHandler``): from the request's receipt, or the
@@ -55,43 +64,105 @@ class Limits:
     max_queued_bytes: int = 1 << 62
 
 
+class ThreadGate:
+    """At most ``threads`` requests extracting at once; the others wait, and a free thread
+    goes to the waiter whose deadline comes first (earliest deadline first), not to the
+    oldest: a request with time to spare gives way to one about to miss its deadline.
+    Waiting is bounded by each waiter's own limit (:meth:`acquire`)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.free = threads
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def available(self) -> bool:
+        return self.free > 0 and not self._heap
+
+    def try_acquire(self) -> bool:
+        if self.available():
+            self.free -= 1
+            return True
+        return False
+
+    async def acquire(self, deadline: float, wait_limit_s: float | None) -> bool:
+        """A thread, within ``wait_limit_s`` (None: no limit): True once granted (the caller
+        releases it), False when the limit ran out first."""
+        if self.try_acquire():
+            return True
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (deadline, next(self._order), granted))
+        try:
+            async with asyncio.timeout(wait_limit_s):
+                await asyncio.shield(granted)
+            return True
+        except TimeoutError:
+            if granted.done():  # granted as the limit ran out: not ours to keep
+                self.release()
+            else:
+                granted.cancel()
+            return False
+        except BaseException:  # cancelled while waiting
+            if granted.done() and not granted.cancelled():
+                self.release()
+            granted.cancel()
+            raise
+
+    def release(self) -> None:
+        while self._heap:
+            _, _, waiter = heapq.heappop(self._heap)
+            if not waiter.done():
+                waiter.set_result(None)  # the thread passes to it: ``free`` unchanged
+                return
+        self.free += 1
+
+
 class PredictHandler:
     """Answers predictions. CPU-bound work (decoding large items, extraction, inference)
-    runs in worker threads, at most ``threads`` requests at once.
+    runs on worker threads, at most ``threads`` requests at once, or on the event loop when
+    it is small (below).
 
     Admission, when every thread is busy: at most ``limits.max_queued`` requests wait, and
     the decoded items of the requests admitted (waiting or working) hold at most
     ``limits.max_queued_bytes``; beyond that a request is refused with :class:`Overloaded`
-    (503). A request with measured (ms) costs waits at most its budget, and not at all when
-    the expected wait is longer than its budget: it then answers at once from what it has
-    (cached features, or the prior), so small requests never wait behind big ones. The wait
-    is reported as ``timings_ms.queued``.
+    (503). A free thread goes to the waiting request whose deadline comes first
+    (:class:`ThreadGate`). A request with measured (ms) costs waits at most until what would
+    be left of its budget could no longer pay for the cheapest feature it lacks, and not at
+    all when the expected wait is longer: it then answers at once from what it has (cached
+    features, or the prior), so small requests never wait behind big ones. The wait is
+    reported as ``timings_ms.queued``.
+
+    Inline work: a request whose plannable budget is at most ``inline_ms`` runs its plan on
+    the event loop, without the hand-off to a thread and back, which costs more than a
+    plan that small (and a request that can buy nothing, or has every feature in hand, is
+    always answered there).
 
     Accounting of a measured (ms) budget, per request (``accounting``; ``default_accounting``
     when the request names none):
 
     - ``"deadline"``: the budget counts from the request's receipt (``received``, a
-      ``perf_counter()`` taken when the app first saw the request; now when not given), so
-      reading the body, decoding, the cache read and the wait for a thread are charged, and
-      features are planned with what is left when work starts. A request waits for a thread
-      at most until what would be left could no longer pay for the cheapest feature it lacks,
-      and does not wait at all when the expected wait is longer: it answers at once from what
-      it has. Under load the service thus degrades accuracy, not latency.
+      ``perf_counter()`` taken when its first bytes arrived; now when not given) to the
+      moment the answer is made, on the event loop, after any worker thread: reading the
+      body, decoding, the cache read, the wait for a thread and the way back are charged,
+      and features are planned with what is left when work starts, less the measured
+      reserve for the work after planning (``service.floor``). Under load the service thus
+      degrades accuracy, not latency.
     - ``"work"``: only the work is charged (the cache read, then the plan / extract / infer
-      loop in the worker thread); the wait is reported, not charged.
+      loop); the wait is reported, not charged.
 
-    Either way a request whose budget cannot pay for any feature it lacks (or that has every
-    feature in hand) is answered on the event loop, without the hand-off to a thread."""
+    The service's own cost is measured (:class:`~service.floor.FloorMeter`, ``floor``): a
+    response whose budget is below the floor for its item says so (``below_floor``)."""
 
     def __init__(
         self,
         registry: Registry,
         cache: FeatureCache,
         metrics: Metrics,
-        reserve_ms: float,
+        reserve_ms: float | None = None,
         threads: int = 0,
         limits: Limits | None = None,
         default_accounting: str = "deadline",
+        inline_ms: float = 0.0,
     ) -> None:
         if default_accounting not in ACCOUNTINGS:
             raise ValueError(
@@ -101,16 +172,32 @@ class PredictHandler:
         self.registry = registry
         self.cache = cache
         self.metrics = metrics
-        self.reserve_ms = reserve_ms
+        self.floor = FloorMeter(reserve_ms)  # None: the reserve is measured
         self.limits = limits or Limits()
-        self.limiter = anyio.CapacityLimiter(threads or os.cpu_count() or 1)
+        self.inline_ms = inline_ms
+        threads = threads or os.cpu_count() or 1
+        self.gate = ThreadGate(threads)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="budgetserve-extract")
         self.waiting: dict[object, float] = {}  # waiting requests → when they began, in order
         self.held_bytes = 0
         self.wait_estimate_s = 0.0
+        # The standing-queue detector of ``_admit_by_deadline``.
+        self._interval_start = time.perf_counter()
+        self._interval_min = math.inf
+        self._standing = False
+
+    @property
+    def reserve_ms(self) -> float:
+        """What planning sets aside for the work after it (measured: ``service.floor``)."""
+        return self.floor.reserve_ms()
+
+    def close(self) -> None:
+        """Stop the worker threads (once the requests in flight have finished)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def expected_wait_s(self) -> float:
         """How long a request arriving now should expect to wait for a thread."""
-        if self.limiter.available_tokens >= 1 and not self.waiting:
+        if self.gate.available() and not self.waiting:
             return 0.0
         oldest = next(iter(self.waiting.values()), None)
         age = 0.0 if oldest is None else time.perf_counter() - oldest
@@ -120,12 +207,14 @@ class PredictHandler:
         self.metrics.admission.labels(result=reason).inc()
         return Overloaded(reason.replace("_", " "), RETRY_AFTER_S, **details)
 
-    async def _acquire(self, wait_limit_s: float | None, nbytes: int) -> float | None:
-        """Take a thread token for this task and hold ``nbytes`` in ``held_bytes`` (the caller
+    async def _acquire(
+        self, wait_limit_s: float | None, nbytes: int, deadline: float = math.inf
+    ) -> float | None:
+        """Take a thread for this task and hold ``nbytes`` in ``held_bytes`` (the caller
         releases both): the seconds waited, or None — nothing taken — when the request should
-        not wait (its ``wait_limit_s`` is below the expected wait, or ran out)."""
-        if self.limiter.available_tokens >= 1 and not self.waiting:
-            await self.limiter.acquire()
+        not wait (its ``wait_limit_s`` is below the expected wait, or ran out). Waiters are
+        served by ``deadline`` (a ``perf_counter()``), earliest first."""
+        if not self.waiting and self.gate.try_acquire():
             self.held_bytes += nbytes
             self.wait_estimate_s *= 1.0 - WAIT_EWMA
             return 0.0
@@ -142,9 +231,7 @@ class PredictHandler:
         self.held_bytes += nbytes
         acquired = False
         try:
-            with anyio.move_on_after(wait_limit_s if wait_limit_s is not None else math.inf):
-                await self.limiter.acquire()
-                acquired = True
+            acquired = await self.gate.acquire(deadline, wait_limit_s)
         finally:
             del self.waiting[token]
             if not acquired:
@@ -156,14 +243,21 @@ class PredictHandler:
             return None
         return waited
 
-    async def _in_thread(self, func: Callable[[], T]) -> T:
-        """Run ``func`` on an extraction thread, waiting without a time limit (count-bounded)."""
-        if await self._acquire(None, 0) is None:  # pragma: no cover - no limit, always granted
+    async def _on_thread(self, func: Callable[[], T]) -> T:
+        """Run ``func`` on a worker thread (a thread of the gate must be held), in this
+        task's context (its trace span)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, context.run, func)
+
+    async def _in_thread(self, func: Callable[[], T], deadline: float = math.inf) -> T:
+        """Run ``func`` on an extraction thread, waiting without a time limit (count-bounded)
+        among the other waiters by ``deadline``."""
+        if await self._acquire(None, 0, deadline) is None:  # pragma: no cover - always granted
             raise RuntimeError("no thread granted")
         try:
-            return await anyio.to_thread.run_sync(func)
+            return await self._on_thread(func)
         finally:
-            self.limiter.release()
+            self.gate.release()
 
     async def predict(
         self,
@@ -176,11 +270,13 @@ class PredictHandler:
         version: str | None = None,
         accounting: str | None = None,
         received: float | None = None,
+        observe: bool = True,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
         """Answer one request (on ``version`` of ``model``, its newest if None); also
         returns the features to write back to the cache. ``accounting``: ``"deadline"`` or
         ``"work"`` (class docstring; None: the default); ``received``: the
-        ``perf_counter()`` at which the request arrived (None: now)."""
+        ``perf_counter()`` at which the request arrived (None: now); ``observe``: count it
+        in the metrics (not the service's own start-up measurement)."""
         received = time.perf_counter() if received is None else received
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
@@ -196,9 +292,12 @@ class PredictHandler:
             raise BudgetTooLarge(float(budget), self.limits.max_budget_ms)
         # Only a budget in milliseconds can count from the receipt.
         deadline = measured and accounting == "deadline"
+        if deadline:
+            self._admit_by_deadline(budget, received)
         decode_start = time.perf_counter()
+        due = received + budget / 1e3 if measured else math.inf  # for the order of waiters
         if bundle.decoder.heavy(item):
-            decoded = await self._in_thread(lambda: bundle.decoder.decode(item))
+            decoded = await self._in_thread(lambda: bundle.decoder.decode(item), due)
         else:
             decoded = bundle.decoder.decode(item)
         decode_s = time.perf_counter() - decode_start
@@ -207,8 +306,7 @@ class PredictHandler:
         nbytes = int(getattr(decoded.data, "nbytes", 0))
 
         # ``spent`` counts from ``start``: the receipt (deadline), or the cache read (work:
-        # the cache read, then the plan / extract / infer loop timed inside the worker thread
-        # from the moment it starts).
+        # the cache read, then the plan / extract / infer loop timed from its start).
         given = self._given(bundle, decoded)
         read_start = time.perf_counter()
         left_ms = budget - (read_start - received) * 1e3 if deadline else float(budget)
@@ -216,6 +314,7 @@ class PredictHandler:
             cached = await self._read_cache(bundle, decoded, left_ms, skip=given.keys())
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
+        reserve_ms = self.floor.reserve_ms() if measured else 0.0
 
         def work() -> tuple[float, Execution]:
             started = time.perf_counter()
@@ -225,7 +324,7 @@ class PredictHandler:
                 budget,
                 in_hand,
                 received if deadline else started - cache_s,
-                reserve_ms=self.reserve_ms,
+                reserve_ms=reserve_ms,
                 runtime=runtime,
                 on_extraction=self._observe_extraction,
                 on_inference=self._observe_inference,
@@ -234,50 +333,157 @@ class PredictHandler:
         # What the cheapest feature not in hand would cost, and how long this request may
         # wait for a thread: with no feature it could pay for, it does not wait at all.
         queued_at = time.perf_counter()
+        inline = affordable = False
+        wait_limit: float | None = None
+        cheapest = math.inf
         if measured:
             missing = [c for f, c in bundle.costs.at(decoded.size).items() if f not in in_hand]
             cheapest = min(missing, default=math.inf)
-            left_ms = budget - self.reserve_ms
+            left_ms = budget - reserve_ms
             if deadline:
                 left_ms -= (queued_at - received) * 1e3
-            wait_limit: float | None = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
-            inline = left_ms < cheapest  # nothing to extract: no thread needed
-        else:
-            wait_limit, inline = None, False
-        waited = None if inline else await self._acquire(wait_limit, nbytes)
-        if waited is None:
+            wait_limit = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
+            affordable = left_ms >= cheapest
+            inline = affordable and left_ms <= self.inline_ms
+        if measured and not affordable:
             # Answer from what is in hand, on this loop: with a budget of 0 the strategy's
             # fallback answers from the features in hand (with every feature in hand the
             # strategy answers within the real budget: it has nothing left to acquire).
-            run = execute(
-                bundle,
-                decoded,
-                budget if inline and cheapest == math.inf else 0.0,
-                in_hand,
-                received if deadline else time.perf_counter() - cache_s,
-                runtime=runtime,
-                on_inference=self._observe_inference,
+            started, run = (
+                time.perf_counter(),
+                self._from_hand(
+                    bundle,
+                    decoded,
+                    budget if cheapest == math.inf else 0.0,
+                    in_hand,
+                    runtime,
+                    received if deadline else time.perf_counter() - cache_s,
+                ),
             )
-            queued_s = time.perf_counter() - queued_at if not inline else 0.0
+            queued_s = 0.0
+        elif inline:
+            started, run = work()
+            queued_s = 0.0
         else:
-            try:
-                started, run = await anyio.to_thread.run_sync(work)
-            finally:
-                self.held_bytes -= nbytes
-                self.limiter.release()
-            queued_s = started - queued_at
+            waited = await self._acquire(wait_limit, nbytes, due)
+            if waited is None:
+                started, run = (
+                    time.perf_counter(),
+                    self._from_hand(
+                        bundle,
+                        decoded,
+                        0.0,
+                        in_hand,
+                        runtime,
+                        received if deadline else time.perf_counter() - cache_s,
+                    ),
+                )
+                queued_s = time.perf_counter() - queued_at
+            else:
+                try:
+                    started, run = await self._on_thread(work)
+                finally:
+                    self.held_bytes -= nbytes
+                    self.gate.release()
+                queued_s = started - queued_at
         response = self._response(
             bundle, runtime.name, budget, run, sorted(cached), sorted(given), queued_s
         )
+        # The answer is made now, on the event loop: under deadline accounting every
+        # millisecond since the receipt is spent (the way back from a worker thread too).
+        now = time.perf_counter()
+        if deadline:
+            response.cost.spent = max(run.spent, (now - received) * 1e3)
+            response.deadline_exceeded = response.cost.spent > budget
         response.cost.accounting = "deadline" if deadline else "work"
         response.timings_ms.decode = decode_s * 1000.0
-        response.timings_ms.since_received = (time.perf_counter() - received) * 1000.0
-        self._observe(response)
+        response.timings_ms.since_received = (now - received) * 1000.0
+        if measured:
+            floor = self.floor.overhead_ms() + decode_s * 1000.0
+            response.floor_ms = floor
+            response.below_floor = budget < floor
+        response._clock = (received, started, decoded.size)
+        if observe:
+            self._observe(response)
         writes = {
             feature_key(decoded.key, bundle.tags[name]): vec.tobytes()
             for name, vec in run.extracted.items()
         }
         return response, writes
+
+    def _admit_by_deadline(self, budget: float, received: float) -> None:
+        """Refuse (503, before any work) a request whose deadline can no longer be met while
+        this process has a standing queue, CoDel-style: so little of its budget is left that
+        even an answer from the prior would come late (less than the measured reserve for
+        the work after planning), and the smallest lateness of the requests over the last
+        ``QUEUE_INTERVAL_S`` was above ``QUEUE_TARGET_MS`` (requests wait for the event
+        loop: the process is behind, and answering them would keep it behind). In a burst,
+        such a request is answered at once from what it has instead. A budget below the
+        overhead from the start is never refused: it is answered, and says so
+        (``below_floor``)."""
+        now = time.perf_counter()
+        late_ms = (now - received) * 1e3
+        if now - self._interval_start > QUEUE_INTERVAL_S:
+            self._standing = self._interval_min > QUEUE_TARGET_MS
+            self._interval_start, self._interval_min = now, late_ms
+        else:
+            self._interval_min = min(self._interval_min, late_ms)
+        reserve = self.floor.reserve_ms()
+        if not self._standing or budget < self.floor.overhead_ms() or late_ms + reserve <= budget:
+            return
+        self.metrics.admission.labels(result="deadline").inc()
+        raise Overloaded(
+            f"the request reached the service's work {late_ms:.1f} ms after its receipt, "
+            f"behind a standing queue; what is left of its {budget:g} ms budget cannot pay "
+            f"for the {reserve:.2f} ms an answer takes: retry (or send a larger budget)",
+            RETRY_AFTER_S,
+            late_ms=round(late_ms, 3),
+            reserve_ms=round(reserve, 3),
+        )
+
+    def _from_hand(
+        self,
+        bundle: Bundle,
+        decoded: DecodedItem,
+        budget: float,
+        in_hand: dict[str, FloatVector],
+        runtime: Any,
+        start: float,
+    ) -> Execution:
+        """The strategy's answer from the features in hand, on the event loop."""
+        return execute(
+            bundle,
+            decoded,
+            budget,
+            in_hand,
+            start,
+            runtime=runtime,
+            on_inference=self._observe_inference,
+        )
+
+    def encode(self, response: PredictResponse) -> bytes:
+        """The response's JSON, encoded once."""
+        return response.__pydantic_serializer__.to_json(response)
+
+    def answered(self, response: PredictResponse, written_at: float) -> None:
+        """The response was written at ``written_at`` (a ``perf_counter()``): record what
+        the service itself cost it (``service.floor``)."""
+        clock = response._clock
+        if clock is None or response.cost.unit != "ms":
+            return
+        received, started, size = clock
+        t = response.timings_ms
+        self.floor.record(
+            response.model,
+            size,
+            overhead_ms=(written_at - received) * 1e3
+            - t.decode
+            - t.extraction
+            - t.inference
+            - t.queued,
+            tail_ms=(written_at - started) * 1e3 - t.extraction,
+            decode_ms=t.decode,
+        )
 
     async def write_back(self, writes: Mapping[str, bytes]) -> None:
         """Store freshly computed features; a failing cache is counted, never raised."""

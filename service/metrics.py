@@ -123,7 +123,8 @@ class Metrics:
             "Requests that found every extraction thread busy and were not simply queued: "
             "refused (queue_full, queue_bytes) or answered at once from what they had "
             "(answered_unqueued, wait_expired), or refused because the event loop reached them "
-            "too late (queue_delay) or with too many predictions in flight (in_flight)",
+            "too late (queue_delay), with too many predictions in flight (in_flight) or with a "
+            "deadline that could no longer be met (deadline)",
             ["result"],
             registry=r,
         )
@@ -156,6 +157,7 @@ class Metrics:
             "wait_expired",
             "queue_delay",
             "in_flight",
+            "deadline",
         ):
             self.admission.labels(result=result)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 
 class CostReport(BaseModel):
@@ -89,7 +89,21 @@ class PredictResponse(BaseModel):
         "budget ran out before the gate could run)}",
     )
     deadline_exceeded: bool = Field(
-        description="the measured cost passed the budget (extraction stopped as soon as it did)"
+        description="the cost spent passed the budget (extraction stopped as soon as it did); "
+        "under deadline accounting, counted from the receipt to the moment the answer was "
+        "made"
+    )
+    floor_ms: float | None = Field(
+        default=None,
+        description="the service's own cost for this item, in ms: its measured overhead "
+        "(parsing, cache, planning, encoding, writing: p95 on this machine) plus this item's "
+        "decoding. A budget below it buys no feature. Null for bundles with declared costs",
+    )
+    below_floor: bool = Field(
+        default=False,
+        description="the budget was below `floor_ms`: the answer comes from what was in hand "
+        "(cached or sent features, else the prior), and a larger budget is needed to buy "
+        "features for this item",
     )
     next_sensor: str | None = Field(
         default=None,
@@ -104,6 +118,10 @@ class PredictResponse(BaseModel):
     )
     cost: CostReport
     timings_ms: Timings
+
+    #: (receipt, start of the work, item size) as ``perf_counter()`` times: what the
+    #: handler measures the service's own cost from once the response is written.
+    _clock: tuple[float, float, int] | None = PrivateAttr(default=None)
 
 
 class BatchCost(BaseModel):

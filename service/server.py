@@ -1,5 +1,6 @@
 """The pieces of serving that are uvicorn's business, adjusted: the listening socket, the
-worker supervisor's shutdown, and a time-out on request heads.
+worker supervisor's shutdown, and each connection's clock (receipts and a time-out on
+request heads).
 
 - :func:`listening_socket`: a TCP socket (``IPPROTO_TCP``) with ``TCP_NODELAY``, which
   accepted connections inherit. uvicorn's own socket for several workers has neither, and
@@ -9,29 +10,77 @@ worker supervisor's shutdown, and a time-out on request heads.
   socket as soon as it is told to stop, before it signals the workers (each closes its own as
   its graceful shutdown begins): new connections are refused at once instead of waiting in
   the accept queue of a socket nobody accepts from, while requests in flight complete.
-- :class:`HeadTimeoutH11Protocol`: uvicorn's h11 protocol, closing a connection whose request
-  head (request line and headers) has not arrived in full ``BUDGETSERVE_HEADER_TIMEOUT_S``
-  after the connection opened or the previous response completed. uvicorn's own keep-alive
-  timer stops at the first byte, so a client that sends half a head is otherwise held open
-  for ever. (Slow bodies are the app's: ``service.http.middleware.BodyLimit``.) It also
-  stamps each request's scope with the ``perf_counter()`` at which its first bytes were
-  handed to the protocol (``RECEIVED_KEY``): the receipt a deadline budget counts from, so
-  uvicorn's parsing and the wait for the app's task are charged too.
+- :class:`ClockedProtocol`: uvicorn's httptools protocol (its C parser), wrapped, not
+  subclassed: it forwards every ``asyncio.Protocol`` call to uvicorn's own protocol, and
+  around them keeps the connection's :class:`ConnectionClock`. The clock knows when the
+  bytes of the next request began to arrive (the receipt a deadline budget counts from, so
+  parsing and the wait for the app's task are charged too), and closes a connection whose
+  request head has not arrived in full ``BUDGETSERVE_HEADER_TIMEOUT_S`` after the connection
+  opened or the previous response completed (uvicorn's keep-alive timer stops at the first
+  byte, so a client that sends half a head would otherwise be held open for ever; slow
+  bodies are the app's: ``service.http.middleware.BodyLimit``).
+
+How the app reads the clock: the wrapper sets :data:`CONNECTION` (a context variable) just
+before it hands bytes to uvicorn's protocol, and asyncio copies the context into the task
+that uvicorn creates for a request whose head those bytes completed; the app's outermost
+layer (``service.http.app.BudgetServeApp``) takes the receipt from it and tells the clock
+when a request begins and when its response is done. Served by another protocol (a test's
+ASGI transport, ``uvicorn service.__main__:worker_app``), a request has no clock: its
+receipt is the app's first sight of it and heads are not timed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import os
 import socket
 import time
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors.multiprocess import Multiprocess
 
-from service.http.middleware import RECEIVED_KEY
 from service.settings import Settings
+
+
+def usable_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: its affinity, capped by the container's CPU quota
+    (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), rounded down (a quota of 1.5 CPUs is
+    one: more busy threads than the quota get throttled for whole periods), at least one."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cpu_quota(cgroup)
+    if quota is not None:
+        count = min(count or 1, math.floor(quota))
+    return max(1, count or 1)
+
+
+def _cpu_quota(cgroup: Path) -> float | None:
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()[:2]  # cgroup v2
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()  # cgroup v1
+        period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        return None if int(limit) <= 0 else int(limit) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def worker_count(workers: int) -> int:
+    """``BUDGETSERVE_WORKERS``: as set, or one per usable CPU when 0."""
+    return workers or usable_cpus()
+
+
+def extraction_threads(threads: int, workers: int) -> int:
+    """``BUDGETSERVE_EXTRACTION_THREADS``: as set, or the usable CPUs divided among the
+    workers when 0 (at least one)."""
+    return threads or max(1, usable_cpus() // worker_count(workers))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -65,49 +114,100 @@ def header_timeout_s() -> float:
     return Settings().header_timeout_s
 
 
-class HeadTimeoutH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a time-out on each request head (see the module)."""
+class ConnectionClock:
+    """One connection's receipts and head timer (see the module).
 
-    _head_timer: asyncio.TimerHandle | None = None
-    _first_byte_at: float | None = None
-    _stamped: object = None
+    ``first_byte_at``: the ``perf_counter()`` at which the first bytes of the request not
+    yet begun arrived (None before any). ``busy``: a request is being served (its head
+    arrived; its response is not done)."""
+
+    __slots__ = ("_loop", "_timer", "_transport", "busy", "first_byte_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.BaseTransport) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._timer: asyncio.TimerHandle | None = None
+        self.first_byte_at: float | None = None
+        self.busy = False
+
+    def bytes_arrived(self) -> None:
+        if self.first_byte_at is None and not self.busy:
+            self.first_byte_at = time.perf_counter()
+
+    def request_began(self) -> float:
+        """A request's head is in and the app has it: its receipt (now, if no bytes were
+        seen: a request pipelined behind the previous one)."""
+        received = self.first_byte_at or time.perf_counter()
+        self.first_byte_at = None
+        self.busy = True
+        self._cancel()
+        return received
+
+    def response_done(self) -> None:
+        """The response is written: the next head must arrive within the time-out."""
+        self.busy = False
+        self.arm()
+
+    def arm(self) -> None:
+        self._cancel()
+        if not self._transport.is_closing():
+            self._timer = self._loop.call_later(header_timeout_s(), self._timed_out)
+
+    def close(self) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if not self.busy and not self._transport.is_closing():
+            self._transport.close()
+
+
+#: The clock of the connection whose bytes made the current request's task (see the module).
+CONNECTION: ContextVar[ConnectionClock | None] = ContextVar("budgetserve_connection", default=None)
+
+
+class ClockedProtocol(asyncio.Protocol):
+    """uvicorn's httptools protocol with a :class:`ConnectionClock` (see the module). Give
+    the class to ``uvicorn.Config(http=...)``: uvicorn builds it with the keyword arguments it
+    builds its own protocols with, which are passed on unchanged."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._inner = HttpToolsProtocol(**kwargs)
+        self._clock: ConnectionClock | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._clock = ConnectionClock(asyncio.get_running_loop(), transport)
+        self._inner.connection_made(transport)  # type: ignore[arg-type]
+        self._clock.arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._first_byte_at is None and self.conn.their_state is h11.IDLE:
-            self._first_byte_at = time.perf_counter()
-        super().data_received(data)
-        scope = getattr(self, "scope", None)
-        if scope is not None and scope is not self._stamped:  # a new request's head parsed
-            scope[RECEIVED_KEY] = self._first_byte_at or time.perf_counter()
-            self._stamped = scope
-            self._first_byte_at = None
+        clock = self._clock
+        if clock is not None:
+            clock.bytes_arrived()
+            CONNECTION.set(clock)
+        self._inner.data_received(data)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head_timer()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm_head_timer()
+    def eof_received(self) -> None:
+        self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        super().connection_lost(exc)
+        if self._clock is not None:
+            self._clock.close()
+        self._inner.connection_lost(exc)
 
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        if not self.transport.is_closing():
-            self._head_timer = self.loop.call_later(header_timeout_s(), self._head_timed_out)
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        # IDLE: no complete request head since the timer was armed (a request in progress
-        # has moved the client's side on to SEND_BODY or DONE).
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            if self.conn.our_state is h11.IDLE:
-                self.conn.send(h11.ConnectionClosed())
-            self.transport.close()
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """What every budgetserve uvicorn runs with: the clocked httptools protocol, uvloop, and
+    no access line (the request's own line replaces it: ``service.http.requestlog``)."""
+    return {"http": ClockedProtocol, "loop": "uvloop", "access_log": False}

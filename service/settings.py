@@ -28,7 +28,12 @@ class Settings(BaseSettings):
     port: int = Field(
         default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds"
     )
-    workers: int = Field(default=1, ge=1, description="uvicorn worker processes")
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="uvicorn worker processes (0: one per CPU this process may use, counting a "
+        "container's CPU quota)",
+    )
     grpc_port: int | None = Field(
         default=None,
         ge=0,
@@ -125,7 +130,8 @@ class Settings(BaseSettings):
     extraction_threads: int = Field(
         default=0,
         ge=0,
-        description="requests extracting at once per process (0: one per CPU); others queue "
+        description="requests extracting at once per process (0: the CPUs this process may use "
+        "divided among the workers, at least one); others queue "
         "(at most BUDGETSERVE_MAX_QUEUED, each for at most its budget), and the wait is "
         "reported as timings_ms.queued, not charged to the budget",
     )
@@ -165,11 +171,21 @@ class Settings(BaseSettings):
         "charged; under load answers get cheaper, not later), 'work' only the work done for it",
     )
 
-    overhead_reserve_ms: float = Field(
-        default=0.5,
+    overhead_reserve_ms: float | None = Field(
+        default=None,
         ge=0,
-        description="part of each budget kept for planning, cache and inference; features are "
-        "planned within budget minus this reserve",
+        description="part of each budget kept for the work after planning (inference, "
+        "encoding, writing): features are planned within what is left of the budget less "
+        "the reserve. Unset: the service measures it on this machine (the p95 at start-up, "
+        "then over recent answers; GET /models/{name} shows it with the floor); a number "
+        "fixes it",
+    )
+    inline_ms: float = Field(
+        default=1.0,
+        ge=0,
+        description="a request whose plannable budget is at most this many ms runs its plan on "
+        "the event loop, without the hand-off to a worker thread and back (which costs more "
+        "than such a plan); 0: always on a thread",
     )
 
     admin_token: SecretStr | None = Field(

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from service.execution import execute
+from service.floor import FALLBACK_RESERVE_MS
 from service.items import DecodedItem
 from service.registry import Bundle, CalibrationSettings, load_bundle
-from service.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,10 @@ def evaluate_bundle(
     """Yield one :class:`EvalPoint` per (side, budget, strategy), strategies defaulting to
     the bundle's default one. Every held-out item is run through each strategy in turn, so
     they are compared under the same machine conditions. ``reserve_ms`` defaults to the
-    service's ``BUDGETSERVE_OVERHEAD_RESERVE_MS`` default, so plans match what it serves."""
+    reserve the service plans with until it has measured its own (``service.floor``)."""
     from training.data.digits import render_digit
 
-    reserve = (
-        Settings.model_fields["overhead_reserve_ms"].default if reserve_ms is None else reserve_ms
-    )
+    reserve = FALLBACK_RESERVE_MS if reserve_ms is None else reserve_ms
     names = list(strategies) if strategies else [bundle.manifest.default_strategy]
     runtimes = [bundle.strategy(name) for name in names]
     params = bundle.manifest.provenance.parameters

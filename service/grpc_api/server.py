@@ -37,6 +37,7 @@ from service.grpc_api import inference_pb2 as pb
 from service.http import v2
 from service.http.state import AppState
 from service.http.v2_schemas import InferenceRequest, InferenceResponse
+from service.server import worker_count
 
 log = logging.getLogger("budgetserve.grpc")
 
@@ -351,7 +352,7 @@ async def start_grpc(state: AppState) -> GrpcServer:
     settings = state.settings
     assert settings.grpc_port is not None
     options: list[tuple[str, Any]] = [
-        ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
+        ("grpc.so_reuseport", 1 if worker_count(settings.workers) > 1 else 0),
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
     ]

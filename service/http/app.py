@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
+import io
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,13 +16,16 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from PIL import Image
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
 from service.http import admin, health, models, predict, v2
 from service.http.docs import install_docs
 from service.http.errors import PREDICT_PATH, documented, install_handlers
-from service.http.middleware import BodyLimit
+from service.http.middleware import RECEIVED_KEY, Admission, BodyLimit
+from service.http.predict import PredictEndpoint
 from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
@@ -27,6 +33,7 @@ from service.management import ModelManager, snapshot
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
 from service.schemas import BatchPredictResponse, PredictResponse
+from service.server import CONNECTION, extraction_threads
 from service.settings import Settings
 
 
@@ -118,13 +125,38 @@ _NATIVE_TELEMETRY_OFF: dict[str, Any] = (
 )
 
 
+class BudgetServeApp(FastAPI):
+    """FastAPI, with two duties before its stack: each HTTP request's receipt, from its
+    connection's clock when ``service.server`` serves it (else now), and ``POST /predict``,
+    served by the lean endpoint (``service.http.predict``; every other route, and
+    ``/predict`` under a prefix, by FastAPI)."""
+
+    predict_endpoint: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        clock = CONNECTION.get()
+        scope[RECEIVED_KEY] = clock.request_began() if clock is not None else time.perf_counter()
+        try:
+            endpoint = self.predict_endpoint
+            if endpoint is not None and scope["path"] == PREDICT_PATH and scope["method"] == "POST":
+                await endpoint(scope, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
+        finally:
+            if clock is not None:
+                clock.response_done()
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     registry: Registry | None = None,
     cache: FeatureCache | None = None,
     tracer_provider: Any = None,
-) -> FastAPI:
+) -> BudgetServeApp:
     """The budgetserve app. ``registry`` and ``cache`` replace the ones ``settings`` would
     load and connect to (tests; embedding); ``tracer_provider`` (an OpenTelemetry one) the
     provider ``BUDGETSERVE_TRACING`` would use (``service.tracing``)."""
@@ -161,8 +193,10 @@ def create_app(
                 stop_tracing()
             if state.cache is not None:
                 await state.cache.close()
+            if state.handler is not None:
+                state.handler.close()
 
-    app = FastAPI(
+    app = BudgetServeApp(
         title="budgetserve",
         version="0.1.0",
         lifespan=lifespan,
@@ -175,19 +209,28 @@ def create_app(
     install_handlers(app)
     for route in ROUTES:
         app.add_api_route(route.path, route.endpoint, methods=[route.method], **route.options)
+    admission = Admission(
+        state.metrics,
+        max_delay_s=settings.max_queue_delay_ms / 1000.0 or math.inf,
+        max_in_flight=settings.max_in_flight,
+    )
     app.add_middleware(
         BodyLimit,
         limit=settings.max_body_bytes,
         metrics=state.metrics,
         timeout_s=settings.body_timeout_s,
-        max_delay_s=settings.max_queue_delay_ms / 1000.0 or math.inf,
-        max_in_flight=settings.max_in_flight,
+        admission=admission,
+    )
+    endpoint: ASGIApp = PredictEndpoint(
+        state, admission, settings.max_body_bytes, settings.body_timeout_s
     )
     if tracer is not None:
         from service.tracing import TracingMiddleware
 
         app.add_middleware(TracingMiddleware, tracer=tracer)
+        endpoint = TracingMiddleware(endpoint, tracer=tracer)
     app.add_middleware(RequestLog)  # outermost: every response carries the request id
+    app.predict_endpoint = endpoint
     return app
 
 
@@ -230,14 +273,16 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         feature_cache,
         metrics,
         settings.overhead_reserve_ms,
-        threads=settings.extraction_threads,
+        threads=extraction_threads(settings.extraction_threads, settings.workers),
         limits=Limits(
             max_budget_ms=settings.max_budget_ms,
             max_queued=settings.max_queued,
             max_queued_bytes=settings.max_queued_bytes,
         ),
         default_accounting=settings.accounting,
+        inline_ms=settings.inline_ms,
     )
+    await measure_floor(state.handler, reg)
     state.ready = bool(reg.bundles)
 
     def changed() -> None:
@@ -253,3 +298,34 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         on_change=changed,
     )
     state.manager.remember(seen)
+
+
+#: Answers the start-up measurement of the floor takes (``measure_floor``), after a few
+#: that warm the path up and are not counted.
+FLOOR_SAMPLES, FLOOR_WARM_UP = 32, 8
+
+
+async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
+    """Measure the service's own cost on this machine before the first request: answer
+    ``FLOOR_SAMPLES`` requests for a blank image of the first image bundle with measured
+    costs, at a budget too small to buy a feature (decoding, the cache read, the fallback's
+    answer, encoding), so ``GET /models/{name}`` shows a measured floor from the start and
+    the first requests plan with a measured reserve. The samples are the floor's only; no
+    metric or log line counts them. Live answers then keep the floor current."""
+    for name, bundle in registry.bundles.items():
+        manifest = bundle.manifest
+        if manifest.item.kind != "image" or manifest.cost_basis != "measured":
+            continue
+        side = max(manifest.item.min_side, 32)
+        png = io.BytesIO()
+        Image.new("L", (side, side)).save(png, format="PNG")
+        item = {"png_base64": base64.b64encode(png.getvalue()).decode()}
+        for k in range(FLOOR_WARM_UP + FLOOR_SAMPLES):
+            received = time.perf_counter()
+            response, _ = await handler.predict(
+                name, {**item, "id": f"floor-{k}"}, None, 1e-6, received=received, observe=False
+            )
+            handler.encode(response)
+            if k >= FLOOR_WARM_UP:
+                handler.answered(response, time.perf_counter())
+        return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.message
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +17,7 @@ from starlette.routing import BaseRoute, Match
 
 from service import errors
 from service.http.schemas import ErrorResponse
-from service.http.state import app_state
+from service.http.state import AppState
 from service.metrics import UNKNOWN_MODEL
 
 log = logging.getLogger("budgetserve.api")
@@ -85,12 +86,20 @@ def error_response(
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
+def error_body(code: str, message: str, **details: Any) -> bytes:
+    """The JSON of an ``ErrorResponse`` (what :func:`error_response` sends), as bytes."""
+    body = ErrorResponse.model_validate(
+        {"error": {"type": code, "message": message, "details": details}}
+    )
+    return body.__pydantic_serializer__.to_json(body)
+
+
 def domain_response(exc: errors.BudgetServeError) -> JSONResponse:
     """The response of an error of the taxonomy: its status, code, message and details."""
     return error_response(status_of(exc), exc.code, exc.message, headers_of(exc), **exc.details)
 
 
-def _is_json(content_type: str | None) -> bool:
+def is_json(content_type: str | None) -> bool:
     """FastAPI's rule for reading a body as JSON: ``application/json`` or ``*/*+json``."""
     if not content_type:
         return False
@@ -102,21 +111,28 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
+TOO_DEEP = (
+    "request body nests JSON arrays or objects too deeply for the parser "
+    "(a request needs at most a few levels)"
+)
+
+
+def huge_integer() -> str:
+    return (
+        f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
+        "digits; send numbers that fit a double"
+    )
+
+
 def _unreadable_body(cause: BaseException | None) -> str:
     """Why a JSON body could not be read, for the cases Python's parser reports by raising
     something other than a JSON syntax error."""
     if isinstance(cause, RecursionError):
-        return (
-            "request body nests JSON arrays or objects too deeply for the parser "
-            "(a request needs at most a few levels)"
-        )
+        return TOO_DEEP
     if isinstance(cause, UnicodeDecodeError):
         return f"request body is not valid UTF-8 JSON: {cause.reason} at byte {cause.start}"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
-        return (
-            f"request body holds an integer with more than {sys.get_int_max_str_digits()} "
-            "digits; send numbers that fit a double"
-        )
+        return huge_integer()
     return "request body is not valid UTF-8 JSON that this API can read"
 
 
@@ -128,7 +144,8 @@ def _count(request: Request, status: str) -> None:
         summary["outcome"] = status
     if request.url.path == PREDICT_PATH:
         label = getattr(request.state, "model_label", UNKNOWN_MODEL)
-        app_state(request).metrics.requests.labels(model=label, status=status).inc()
+        state: AppState = request.app.state.core
+        state.metrics.requests.labels(model=label, status=status).inc()
 
 
 async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONResponse:
@@ -137,23 +154,33 @@ async def _domain_error(request: Request, exc: errors.BudgetServeError) -> JSONR
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    if request.method == "POST" and not _is_json(request.headers.get("content-type")):
+    if request.method == "POST" and not is_json(request.headers.get("content-type")):
         # FastAPI reads any other body as bytes, which fails validation as "not a dict".
         media = errors.UnsupportedMediaType(request.headers.get("content-type"))
         _count(request, media.code)
         return error_response(415, media.code, media.message, **media.details)
     _count(request, "invalid_request")
-    problems = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             reason = (err.get("ctx") or {}).get("error", "invalid JSON")
             offset = err.get("loc", ("body", None))[-1]
             message = f"request body is not valid JSON: {reason} (at character {offset})"
             return error_response(422, "invalid_request", message)
+    message, problems = validation_problems(exc.errors())
+    return error_response(422, "invalid_request", message, problems=problems)
+
+
+def validation_problems(
+    problems: Sequence[Mapping[str, Any]],
+) -> tuple[str, list[dict[str, str]]]:
+    """A request's validation errors (pydantic's) as one message and a list of
+    ``{"field", "message"}`` (field names without the body's own prefix)."""
+    listed = []
+    for err in problems:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        problems.append({"field": loc or "body", "message": err.get("msg", "invalid")})
-    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-    return error_response(422, "invalid_request", f"invalid request: {summary}", problems=problems)
+        listed.append({"field": loc or "body", "message": str(err.get("msg", "invalid"))})
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in listed)
+    return f"invalid request: {summary}", listed
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -1,12 +1,14 @@
-"""ASGI middleware of the app: :class:`BodyLimit` (which also stamps each request's receipt:
-:func:`received_at`, and sheds prediction requests that the event loop reached too late)."""
+"""ASGI middleware of the app and what the lean ``/predict`` endpoint shares with it:
+:func:`read_body` (bounded in size and time), :class:`Admission` (load shedding),
+:class:`BodyLimit` (both, for every other route; it also stamps a request's receipt when
+nothing before it did: :func:`received_at`)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
-import anyio
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,12 +35,41 @@ def received_at(scope: Scope) -> float | None:
     return value if isinstance(value, float) else None
 
 
-class BodyLimit:
-    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed,
-    and bodies that have not arrived in full ``timeout_s`` after the headers with 408 (the
-    connection is then closed).
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes | None:
+    """The request's body, read in full: at most ``limit`` bytes (a declared Content-Length
+    over it is refused before reading, a body streamed without one as soon as it passes it:
+    :class:`~service.errors.PayloadTooLarge`), within ``timeout_s`` of the call
+    (:class:`~service.errors.BodyTimeout`). None: the client disconnected first."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                raise errors.PayloadTooLarge(limit)
+            break
+    chunks: list[bytes] = []
+    seen = 0
+    try:
+        async with asyncio.timeout(timeout_s if math.isfinite(timeout_s) else None):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None
+                chunk: bytes = message.get("body", b"")
+                seen += len(chunk)
+                if seen > limit:
+                    raise errors.PayloadTooLarge(limit)
+                if not message.get("more_body", False):
+                    if not chunks:
+                        return chunk  # the usual case: the body came in one piece
+                    chunks.append(chunk)
+                    return b"".join(chunks)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise errors.BodyTimeout(timeout_s) from None
 
-    Load shedding, for prediction requests (:func:`predicts`): one that finds
+
+class Admission:
+    """Load shedding of prediction requests (:func:`predicts`), shared by the lean
+    ``/predict`` endpoint and :class:`BodyLimit` (which admits v2 infer): one that finds
     ``max_in_flight`` predictions already in this process (body read, not yet answered), or
     that reaches the app more than ``max_delay_s`` after its receipt (the event loop is that
     far behind), is refused with 503 and Retry-After before it is parsed, decoded or
@@ -48,86 +79,16 @@ class BodyLimit:
     ``budgetserve_admission_total`` (``in_flight``, ``queue_delay``)."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        limit: int,
-        metrics: Metrics,
-        timeout_s: float = math.inf,
-        max_delay_s: float = math.inf,
-        max_in_flight: int = 0,
+        self, metrics: Metrics, max_delay_s: float = math.inf, max_in_flight: int = 0
     ) -> None:
-        self.app = app
-        self.limit = limit
         self.metrics = metrics
-        self.timeout_s = timeout_s
         self.max_delay_s = max_delay_s
         self.max_in_flight = max_in_flight or math.inf  # 0: no limit
         self.in_flight = 0  # prediction requests past their body, not yet answered
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        # The receipt a deadline budget counts from: when the protocol got its first bytes
-        # (``service.server``), else the app's first sight of it (its head parsed; the body
-        # is read below, and charged).
-        scope.setdefault(RECEIVED_KEY, time.perf_counter())
-        # How far behind the event loop is: from the first bytes to this task's first step.
-        # (Measured before the body is read: a slow upload is not a busy server. The body is
-        # still read before a refusal, so the connection stays usable.)
-        late_s = time.perf_counter() - scope[RECEIVED_KEY]
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
-            return
-        # Read the body here (at most ``limit`` bytes), then replay it to the app: a body
-        # streamed without Content-Length is cut off as soon as it passes the limit.
-        chunks: list[bytes] = []
-        seen = 0
-        deadline = anyio.current_time() + self.timeout_s
-        while True:
-            message: Message | None = None
-            with anyio.move_on_after(deadline - anyio.current_time()):
-                message = await receive()
-            if message is None:
-                await self._reject(scope, receive, send, errors.BodyTimeout(self.timeout_s))
-                return
-            if message["type"] != "http.request":
-                await self.app(scope, receive, send)  # disconnect: let the app see it
-                return
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.limit:
-                await self._reject(scope, receive, send, errors.PayloadTooLarge(self.limit))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        counted = predicts(scope)
-        if counted:
-            shed = self._shed(late_s)
-            if shed is not None:
-                await self._reject(scope, receive, send, shed)
-                return
-            self.in_flight += 1
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        try:
-            await self.app(scope, replay, send)
-        finally:
-            if counted:
-                self.in_flight -= 1
-
-    def _shed(self, late_s: float) -> errors.Overloaded | None:
-        """Why a prediction request is refused now (counted), or None to serve it."""
+    def shed(self, late_s: float) -> errors.Overloaded | None:
+        """Why a prediction request is refused now (counted), or None to serve it (the
+        caller then counts it in ``in_flight`` until it is answered)."""
         if self.in_flight >= self.max_in_flight:
             self.metrics.admission.labels(result="in_flight").inc()
             return errors.Overloaded(
@@ -145,6 +106,69 @@ class BodyLimit:
                 queue_delay_ms=round(late_s * 1e3, 3),
             )
         return None
+
+
+class BodyLimit:
+    """Reject request bodies over ``limit`` bytes with 413, whether declared or streamed,
+    and bodies that have not arrived in full ``timeout_s`` after the headers with 408 (the
+    connection is then closed); shed prediction requests by ``admission``
+    (:class:`Admission`; none: no shedding)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        metrics: Metrics,
+        timeout_s: float = math.inf,
+        admission: Admission | None = None,
+    ) -> None:
+        self.app = app
+        self.limit = limit
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.admission = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # The receipt a deadline budget counts from: when the protocol got its first bytes
+        # (``service.server``), else the app's first sight of it (its head parsed; the body
+        # is read below, and charged).
+        scope.setdefault(RECEIVED_KEY, time.perf_counter())
+        # How far behind the event loop is: from the first bytes to this task's first step.
+        # (Measured before the body is read: a slow upload is not a busy server. The body is
+        # still read before a refusal, so the connection stays usable.)
+        late_s = time.perf_counter() - scope[RECEIVED_KEY]
+        try:
+            body = await read_body(scope, receive, self.limit, self.timeout_s)
+        except (errors.PayloadTooLarge, errors.BodyTimeout) as exc:
+            await self._reject(scope, receive, send, exc)
+            return
+        if body is None:
+            await self.app(scope, receive, send)  # disconnect: let the app see it
+            return
+        admission = self.admission if predicts(scope) else None
+        if admission is not None:
+            shed = admission.shed(late_s)
+            if shed is not None:
+                await self._reject(scope, receive, send, shed)
+                return
+            admission.in_flight += 1
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if admission is not None:
+                admission.in_flight -= 1
 
     async def _reject(
         self, scope: Scope, receive: Receive, send: Send, exc: errors.BudgetServeError

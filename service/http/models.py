@@ -68,14 +68,17 @@ async def get_model(name: str, state: State) -> dict[str, Any]:
     ]
     detail["strategies"] = [s.summary() for s in m.strategies]
     detail["provenance"] = m.provenance.model_dump()
+    if m.cost_basis == "measured":
+        # What this process itself costs a request, measured here (service.floor): the
+        # cheapest budget that buys any feature, at a few sizes of the bundle's domain.
+        detail["floor"] = state.loaded_handler().floor.snapshot(name, _sizes(m))
     return detail
 
 
 async def get_costs(name: str, state: State) -> dict[str, Any]:
     """Profiled vs live-calibrated cost curve of every extractor."""
     bundle = state.loaded_registry().get(name)
-    lo, hi = _size_domain(bundle.manifest)
-    sizes = sorted({int(v) for v in np.geomspace(max(lo, 1.0), hi, 7)})
+    sizes = _sizes(bundle.manifest)
     return {
         "model": name,
         "unit": bundle.manifest.cost_unit,
@@ -92,18 +95,26 @@ async def get_skyline(
 ) -> dict[str, Any]:
     """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted; ``model``
     is a model id, or an operating point id for strategies that choose between points
-    (gating: its cost is the expected cost, its features those of the gate and f1)."""
+    (gating: its cost is the expected cost, its features those of the gate and f1). For
+    bundles with measured costs, ``floor_ms`` is the service's own cost for an item of that
+    size (``GET /models/{name}``: ``floor``) and each point's ``budget`` the budget that buys
+    it: its cost plus the floor."""
     bundle = state.loaded_registry().get(name)
     runtime = bundle.strategy(strategy)
+    floor = None
+    if bundle.manifest.cost_basis == "measured":
+        floor = state.loaded_handler().floor.floor_ms(name, size)
     return {
         "model": name,
         "strategy": runtime.name,
         "size": size,
         "unit": bundle.manifest.cost_unit,
         "calibrated": bundle.costs.calibrated,
+        "floor_ms": floor,
         "skyline": [
             {
                 "cost": cost,
+                "budget": None if floor is None else cost + floor,
                 "accuracy": acc,
                 "model": model,
                 "features": runtime.skyline_features(model),
@@ -125,6 +136,12 @@ def _summary(m: Manifest) -> dict[str, Any]:
         "item": m.item.model_dump(),
         "n_models": len(m.models),
     }
+
+
+def _sizes(m: Manifest) -> list[int]:
+    """Seven sizes spanning the bundle's domain (geometric)."""
+    lo, hi = _size_domain(m)
+    return sorted({int(v) for v in np.geomspace(max(lo, 1.0), hi, 7)})
 
 
 def _size_domain(m: Manifest) -> tuple[float, float]:

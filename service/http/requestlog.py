@@ -12,8 +12,8 @@ at INFO.
 
 :func:`configure_logging`: the process's log format, ``text`` or ``json``
 (``BUDGETSERVE_LOG_FORMAT``); in ``json`` every record is one JSON object per line, with the
-fields of a request line at the top level (``budgetserve-serve`` then turns uvicorn's access
-line off: the request line replaces it).
+fields of a request line at the top level. uvicorn's access line is off in both: the request
+line replaces it (one line per request).
 """
 
 from __future__ import annotations
@@ -81,22 +81,31 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            path = scope.get("path", "")
-            client = scope.get("client")
-            fields: dict[str, Any] = {
-                "request_id": rid,
-                "client": f"{client[0]}:{client[1]}" if client else None,
-                "method": scope.get("method"),
-                "path": path,
-                "status": status,
-                "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
-                **state.get("summary", {}),
-            }
-            level = logging.DEBUG if path in PROBES else logging.INFO
-            if log.isEnabledFor(level):
-                text = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if k != "request_id")
-                log.log(level, "%s", text, extra={"fields": fields})
+            log_request(scope, rid, status, started, state.get("summary"))
             request_id.reset(token)
+
+
+def log_request(
+    scope: Scope, rid: str, status: int, started: float, summary: dict[str, Any] | None
+) -> None:
+    """The request's one log line: client, method, path, status, duration (from
+    ``started``, a ``perf_counter()``) and the endpoint's ``summary``; probes at DEBUG."""
+    path = scope.get("path", "")
+    level = logging.DEBUG if path in PROBES else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    client = scope.get("client")
+    fields: dict[str, Any] = {
+        "request_id": rid,
+        "client": f"{client[0]}:{client[1]}" if client else None,
+        "method": scope.get("method"),
+        "path": path,
+        "status": status,
+        "duration_ms": round((time.perf_counter() - started) * 1000.0, 3),
+        **(summary or {}),
+    }
+    text = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if k != "request_id")
+    log.log(level, "%s", text, extra={"fields": fields, "request_id": rid})
 
 
 def _text(value: Any) -> str:
@@ -151,7 +160,12 @@ def configure_logging(fmt: str, level: int = logging.INFO) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    for name in ("uvicorn", "uvicorn.error"):
         uv = logging.getLogger(name)
         uv.handlers.clear()
         uv.propagate = True
+    # uvicorn's access line: off, the request's own line replaces it. (uvicorn's protocols
+    # log it when the logger has a handler, its parents' included.)
+    access = logging.getLogger("uvicorn.access")
+    access.handlers.clear()
+    access.propagate = False

@@ -41,7 +41,9 @@ class AppState:
         return self.handler
 
 
-def app_state(request: Request) -> AppState:
-    """FastAPI dependency: the state of the app serving ``request``."""
+async def app_state(request: Request) -> AppState:
+    """FastAPI dependency: the state of the app serving ``request``. (``async``: FastAPI
+    runs a plain ``def`` dependency in its thread pool, a hand-off per request for a
+    look-up.)"""
     state: AppState = request.app.state.core
     return state

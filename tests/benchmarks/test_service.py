@@ -26,7 +26,7 @@ def test_summary_counts_each_sample_for_its_innermost_category() -> None:
     )
     lines = summarize(stacks, top=2)
     assert lines[0] == "12 samples:"
-    assert "- HTTP parsing and protocol (uvicorn h11): 50.0 %" in lines
+    assert "- HTTP parsing and protocol (uvicorn, h11, httptools): 50.0 %" in lines
     assert "- PNG decoding: 25.0 %" in lines  # inside starlette, but decoding is innermost
     assert "- FastAPI / Starlette routing and middleware: 8.3 %" in lines
     assert "- other: 16.7 %" in lines

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -19,15 +20,18 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
+from service.server import uvicorn_options
 from tests.conftest import free_port
 
 
 @contextmanager
 def uvicorn_thread(app: FastAPI, **config: Any) -> Iterator[int]:
-    """Serve ``app`` with uvicorn on a free loopback port; yields the port."""
+    """Serve ``app`` with uvicorn on a free loopback port, as ``budgetserve-serve`` does
+    (``service.server.uvicorn_options``, which ``config`` may override); yields the port."""
     port = free_port()
+    options = {**uvicorn_options(), **config}
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config)
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -124,3 +128,20 @@ class RedisProcess:
             self.signal(signal.SIGCONT)
             self.proc.terminate()
             self.proc.wait(timeout=30)
+
+
+def read_one(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body, leaving the connection open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, data
+        data += chunk
+    raw_head, _, payload = data.partition(b"\r\n\r\n")
+    lines = raw_head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(payload) < int(headers["content-length"]):
+        chunk = conn.recv(65536)
+        assert chunk, payload
+        payload += chunk
+    return int(lines[0].split()[1]), headers, payload

@@ -18,7 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.cache import InProcessCache
-from service.handler import PredictHandler
+from service.errors import Overloaded
+from service.handler import QUEUE_INTERVAL_S, PredictHandler
 from service.http import create_app
 from service.metrics import Metrics
 from service.registry import Bundle, Registry, load_bundle
@@ -71,17 +72,29 @@ def ask_all(handler: PredictHandler, requests: list[dict[str, Any]]) -> list[Pre
 
 
 def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[str]) -> None:
-    """The same request, received 4.5 ms before the handler sees it, with a 5 ms budget:
-    counted as a deadline, nothing is left for a feature after the 0.5 ms reserve, so it
-    answers at once from the prior, on the event loop (no thread, no wait), and says it
-    overran if it did; counting the work only, it buys features."""
+    """The same request, received 4.6 ms before the handler sees it, with a 5 ms budget:
+    counted as a deadline, what is left cannot pay for the reserve of an answer (0.5 ms
+    here). In a burst it is answered at once from the prior, on the event loop; behind a
+    standing queue (the requests of a whole interval came late) it is refused before any
+    work (503). Counting the work only, it buys features. A budget below the overhead from
+    the start is answered at once from the prior, and says so."""
     digits_bundle.calibrator.reset()
     handler = make_handler(digits_bundle)
-    _warm, late, work, fresh = ask_all(
+    late = {"png": pngs[0], "budget": 5.0, "received_ago_s": 0.0046}
+    (burst,) = ask_all(handler, [{**late, "id": "d0"}])
+    assert burst.answered_by == "prior" and burst.cost.extracted == []
+    assert burst.timings_ms.queued == 0.0 and burst.cost.spent >= 4.6
+    assert burst.deadline_exceeded == (burst.cost.spent > 5.0)
+    time.sleep(QUEUE_INTERVAL_S * 1.2)  # every request of an interval came late: standing
+    with pytest.raises(Overloaded, match="standing queue") as refused:
+        ask_all(handler, [{**late, "id": "d0b"}])
+    assert refused.value.details["late_ms"] >= 4.6
+    assert handler.held_bytes == 0 and handler.gate.free == handler.gate.threads
+    _warm, tiny, work, fresh = ask_all(
         handler,
         [
             {"png": pngs[3], "budget": 5.0, "id": "warm-up"},  # starts the worker thread
-            {"png": pngs[0], "budget": 5.0, "id": "d0", "received_ago_s": 0.0045},
+            {"png": pngs[0], "budget": 0.3, "id": "d0"},
             {
                 "png": pngs[0],
                 "budget": 5.0,
@@ -92,14 +105,14 @@ def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[st
             {"png": pngs[0], "budget": 50.0, "id": "d2"},
         ],
     )
-    assert late.cost.accounting == "deadline"
-    assert late.cost.extracted == [] and late.features == []
-    assert late.answered_by == "prior"
-    assert late.timings_ms.queued == 0.0
-    assert late.cost.spent >= 4.5
-    assert late.timings_ms.since_received is not None
-    assert late.timings_ms.since_received >= late.cost.spent
-    assert late.deadline_exceeded == (late.cost.spent > 5.0)
+    assert tiny.cost.accounting == "deadline"
+    assert tiny.cost.extracted == [] and tiny.features == []
+    assert tiny.answered_by == "prior"
+    assert tiny.timings_ms.queued == 0.0
+    assert tiny.below_floor and tiny.floor_ms is not None and tiny.floor_ms > 0.3
+    assert tiny.timings_ms.since_received is not None
+    assert tiny.timings_ms.since_received >= tiny.cost.spent
+    assert tiny.deadline_exceeded == (tiny.cost.spent > 0.3)
 
     assert work.cost.accounting == "work"
     assert work.cost.extracted, "work accounting: the 4.5 ms before the work are not charged"
@@ -108,6 +121,7 @@ def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[st
 
     # The default is the handler's; a fresh request with the whole budget left buys features.
     assert fresh.cost.accounting == "deadline" and fresh.cost.extracted, fresh
+    assert not fresh.below_floor
     assert fresh.timings_ms.since_received is not None
     assert fresh.cost.spent <= fresh.timings_ms.since_received
     assert fresh.timings_ms.decode > 0.0

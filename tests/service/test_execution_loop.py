@@ -207,6 +207,6 @@ def test_the_handler_reports_a_faulty_strategy_instead_of_looping(router: Bundle
 
     with pytest.raises(StrategyFault, match="'scripted'"):
         anyio.run(predict, "scripted")
-    assert handler.held_bytes == 0 and handler.limiter.available_tokens == 1
+    assert handler.held_bytes == 0 and handler.gate.free == 1
     response, _ = anyio.run(predict, None)
     assert response.strategy == router.manifest.default_strategy

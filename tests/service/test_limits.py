@@ -23,10 +23,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.http import create_app
-from service.server import HeadTimeoutH11Protocol, header_timeout_s
+from service.server import header_timeout_s
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, free_port, png_b64
-from tests.service.serving import metric, post_json, uvicorn_thread
+from tests.service.serving import metric, post_json, read_one, uvicorn_thread
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -86,7 +86,7 @@ def test_a_stalled_request_head_closes_the_connection(
     header_timeout_s.cache_clear()
     try:
         app = create_app(Settings(models_dir=digits_bundle_dir.parent))
-        with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
+        with uvicorn_thread(app) as port:
             fresh = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(10)]
             for conn in fresh:
                 conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
@@ -163,7 +163,10 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     ("bound", "max_queued", "max_bytes"),
     [
         ("queue_full", 4, 256 << 20),  # 4 waiting at most
-        ("queue_bytes", 64, 10 << 20),  # 10 MiB of decoded items: one working, one waiting
+        # 6 MiB of decoded items: one 1024² item (4 MiB) working, none waiting. (A free
+        # thread goes to the earliest deadline, so an item decoded for work goes before the
+        # decoding of a later one: at most one decoded item waits at a time.)
+        ("queue_bytes", 64, 6 << 20),
     ],
 )
 def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
@@ -336,22 +339,22 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
         + str(len(body)).encode()
         + b"\r\n\r\n"
     )
-    with uvicorn_thread(app, http=HeadTimeoutH11Protocol) as port:
+    with uvicorn_thread(app) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(b"POST /predict HTTP/1.1\r\n")
             time.sleep(0.4)
             conn.sendall(head + body)
-            shed = _read_one(conn)
+            shed = read_one(conn)
             conn.sendall(b"POST /predict HTTP/1.1\r\n" + head + body)  # on time, same socket
-            served = _read_one(conn)
+            served = read_one(conn)
             conn.sendall(b"GET /heal")
             time.sleep(0.4)
             conn.sendall(b"thz HTTP/1.1\r\nHost: t\r\n\r\n")
-            probe = _read_one(conn)
+            probe = read_one(conn)
             conn.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\n")
             time.sleep(0.4)
             conn.sendall(head + body)  # any body: it is refused before it is read as v2
-            shed_v2 = _read_one(conn)
+            shed_v2 = read_one(conn)
         metrics = post_json_metrics(port)
     status, headers, payload = shed
     assert status == 503 and headers["retry-after"] == "1"
@@ -366,20 +369,3 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
     assert shed_v2[0] == 503 and shed_v2[1]["retry-after"] == "1"
     assert "BUDGETSERVE_MAX_QUEUE_DELAY_MS" in json.loads(shed_v2[2])["error"]
     assert metric(metrics, 'budgetserve_admission_total{result="queue_delay"}') == 2
-
-
-def _read_one(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length body, leaving the connection open."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        assert chunk, data
-        data += chunk
-    raw_head, _, payload = data.partition(b"\r\n\r\n")
-    lines = raw_head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(payload) < int(headers["content-length"]):
-        chunk = conn.recv(65536)
-        assert chunk, payload
-        payload += chunk
-    return int(lines[0].split()[1]), headers, payload

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from service.bundle import StructuredAnytimeStrategy, StructuredOneShotStrategy
 from service.cache import InProcessCache
 from service.execution import ExtractorSource, run_session
+from service.floor import FALLBACK_RESERVE_MS
 from service.http import create_app
 from service.registry import load_bundle
 from service.settings import Settings
@@ -26,7 +27,7 @@ from training.structured.ocr_train import OcrTraining, train_ocr
 from training.structured.problem import ChainProblem
 
 DATA = Path(__file__).resolve().parents[2] / DEFAULT_DATA
-RESERVE_MS = Settings().overhead_reserve_ms
+RESERVE_MS = FALLBACK_RESERVE_MS
 
 pytestmark = [
     pytest.mark.slow,

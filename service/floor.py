@@ -1,0 +1,209 @@
+"""The floor: what this process itself costs a request, measured on the machine it runs on.
+
+Every budget in milliseconds pays for the service before it pays for a feature: reading and
+parsing the request, decoding the item, the cache read, planning, inference, encoding and
+writing the answer. :class:`FloorMeter` measures that cost from the requests it serves (and
+from a few in-process requests at start-up, ``service.http.app``), so that the service can
+
+- **reserve exactly it**: features are planned within what is left of a budget once the part
+  of the overhead still to come after planning is set aside (:meth:`FloorMeter.reserve_ms`:
+  the p95 of the time from the start of the work to the written answer, extraction
+  excluded: planning, inference, the way back to the event loop, encoding and writing);
+- **publish it**: ``GET /models/{name}`` and the skyline show the floor at each size, the
+  cheapest budget that buys anything at all (:meth:`FloorMeter.floor_ms`);
+- **say when a budget is below it**: a response whose budget is under the floor for its item
+  (the overhead plus *this* item's decoding, measured) carries ``below_floor: true``.
+
+Three statistics, each the p95 of a ring of the last ``window`` samples (the quantile is
+recomputed every ``refresh`` samples, so recording is O(1) on the request path):
+
+- ``overhead``: receipt to written answer, less decoding, extraction, inference of the
+  answering model and any wait for a worker thread (load, not floor);
+- ``tail``: from the start of the work to the written answer, less extraction;
+- ``decode``: milliseconds of decoding, per bundle and size bucket (powers of two), with
+  the bucket's mean size, so that sizes between two buckets seen are priced between them.
+
+Until a statistic has ``min_samples`` samples, ``fallback_ms`` stands in for the overhead
+and the tail. ``BUDGETSERVE_OVERHEAD_RESERVE_MS``, when set, fixes the reserve instead
+(``fixed_reserve_ms``); the floor is still measured and published. A size larger than any
+decoded yet has no decoding estimate: the floor published for it is the overhead alone
+(``decode_ms`` null).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+#: The reserve and overhead (ms) the service assumes until it has measured its own; offline
+#: evaluation (``training.evaluate``) plans with it too.
+FALLBACK_RESERVE_MS = 0.5
+
+
+class _Ring:
+    """The last ``window`` samples and their ``quantile``, recomputed when read after
+    ``refresh`` new samples (or when it first has ``min_samples``)."""
+
+    __slots__ = ("_value", "count", "data", "min_samples", "pos", "quantile", "refresh", "stale")
+
+    def __init__(self, window: int, quantile: float, refresh: int, min_samples: int) -> None:
+        self.data: list[float] = []
+        self.pos = 0
+        self.count = 0  # samples ever pushed
+        self.stale = 0  # samples pushed since the quantile was computed
+        self.quantile = quantile
+        self.refresh = refresh
+        self.min_samples = min_samples
+        self._value = math.nan
+
+    def push(self, sample: float, window: int) -> None:
+        if len(self.data) < window:
+            self.data.append(sample)
+        else:
+            self.data[self.pos] = sample
+            self.pos = (self.pos + 1) % window
+        self.count += 1
+        self.stale += 1
+
+    @property
+    def value(self) -> float:
+        """The quantile (the conservative order statistic), NaN before ``min_samples``."""
+        if self.count < self.min_samples:
+            return math.nan
+        if math.isnan(self._value) or self.stale >= self.refresh:
+            ordered = sorted(self.data)
+            self._value = ordered[math.ceil(self.quantile * (len(ordered) - 1))]
+            self.stale = 0
+        return self._value
+
+    def mean(self) -> float:
+        return sum(self.data) / len(self.data) if self.data else math.nan
+
+
+class FloorMeter:
+    """See the module. Thread-safe (samples come from the event loop and worker threads)."""
+
+    def __init__(
+        self,
+        fixed_reserve_ms: float | None = None,
+        *,
+        fallback_ms: float = FALLBACK_RESERVE_MS,
+        window: int = 256,
+        quantile: float = 0.95,
+        min_samples: int = 16,
+        refresh: int = 16,
+    ) -> None:
+        self.fixed_reserve_ms = fixed_reserve_ms
+        self.fallback_ms = fallback_ms
+        self.window = window
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self.refresh = refresh
+        self._lock = threading.Lock()
+        self._overhead = self._ring(min_samples)
+        self._tail = self._ring(min_samples)
+        # (bundle, size bucket) → rings of decoding ms and of item sizes
+        self._decode: dict[tuple[str, int], tuple[_Ring, _Ring]] = {}
+
+    def _ring(self, min_samples: int) -> _Ring:
+        return _Ring(self.window, self.quantile, self.refresh, min_samples)
+
+    def _push(self, ring: _Ring, sample: float) -> None:
+        ring.push(sample, self.window)
+
+    def record(
+        self,
+        bundle: str,
+        size: int,
+        *,
+        overhead_ms: float,
+        tail_ms: float,
+        decode_ms: float,
+    ) -> None:
+        """One answered request's samples (see the module)."""
+        with self._lock:
+            self._push(self._overhead, max(overhead_ms, 0.0))
+            self._push(self._tail, max(tail_ms, 0.0))
+            if size >= 1:
+                key = (bundle, _bucket(size))
+                rings = self._decode.get(key)
+                if rings is None:
+                    rings = self._decode[key] = (self._ring(1), self._ring(1))
+                self._push(rings[0], max(decode_ms, 0.0))
+                self._push(rings[1], float(size))
+
+    def overhead_ms(self) -> float:
+        """The p95 overhead of a request, decoding excluded (``fallback_ms`` until measured)."""
+        with self._lock:
+            value = self._overhead.value
+        return self.fallback_ms if math.isnan(value) else value
+
+    def reserve_ms(self) -> float:
+        """What planning sets aside for the work after it: the p95 tail (or the fixed
+        reserve the service was given)."""
+        if self.fixed_reserve_ms is not None:
+            return self.fixed_reserve_ms
+        with self._lock:
+            value = self._tail.value
+        return self.fallback_ms if math.isnan(value) else value
+
+    def measured(self) -> bool:
+        with self._lock:
+            return not math.isnan(self._overhead.value)
+
+    def decode_ms(self, bundle: str, size: int) -> float | None:
+        """The p95 decoding time of an item of ``size`` for ``bundle``: from its size bucket
+        (scaled to ``size`` by the bucket's mean size), interpolated between the nearest
+        buckets measured below and above it (a power law through the two), the smallest
+        measured for smaller sizes; None above the largest measured (not known yet)."""
+        with self._lock:
+            points = sorted(
+                (rings[1].mean(), rings[0].value)
+                for (name, _), rings in self._decode.items()
+                if name == bundle
+            )
+        if not points:
+            return None
+        wanted = _bucket(size)
+        for mean_size, ms in points:
+            if _bucket(int(mean_size)) == wanted:
+                return ms * size / mean_size
+        below = [p for p in points if p[0] < size]
+        above = [p for p in points if p[0] > size]
+        if not above:
+            return None
+        if not below:
+            return above[0][1]
+        (n0, t0), (n1, t1) = below[-1], above[0]
+        if t0 <= 0 or t1 <= 0:
+            return max(t0, t1)
+        slope = math.log(t1 / t0) / math.log(n1 / n0)
+        return float(t0 * (size / n0) ** slope)
+
+    def floor_ms(self, bundle: str, size: int) -> float:
+        """The cheapest budget that buys anything for an item of ``size``: the overhead
+        plus its decoding (the overhead alone before any item of the bundle was decoded)."""
+        decode = self.decode_ms(bundle, size)
+        return self.overhead_ms() + (decode or 0.0)
+
+    def snapshot(self, bundle: str, sizes: list[int]) -> dict[str, Any]:
+        """What ``GET /models/{name}`` shows (milliseconds)."""
+        return {
+            "measured": self.measured(),
+            "samples": self._overhead.count,
+            "overhead_ms": round(self.overhead_ms(), 4),
+            "reserve_ms": round(self.reserve_ms(), 4),
+            "by_size": [
+                {
+                    "size": n,
+                    "decode_ms": None if (d := self.decode_ms(bundle, n)) is None else round(d, 4),
+                    "floor_ms": round(self.floor_ms(bundle, n), 4),
+                }
+                for n in sizes
+            ],
+        }
+
+
+def _bucket(size: int) -> int:
+    return max(int(size).bit_length() - 1, 0)

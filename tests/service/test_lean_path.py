@@ -1,0 +1,254 @@
+"""Issue 24's request path: the connection clock (receipts from the first bytes, without
+subclassing uvicorn), the lean ``/predict`` endpoint against FastAPI's route, the measured
+floor and what it is used for, inline plans, and threads given earliest deadline first.
+
+Through the real app under a real uvicorn where HTTP matters (``tests.service.serving``),
+through the real handler on the real digits bundle otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from service.cache import InProcessCache
+from service.floor import FloorMeter
+from service.handler import PredictHandler, ThreadGate
+from service.http import create_app
+from service.metrics import Metrics
+from service.registry import Bundle, Registry, load_bundle
+from service.server import extraction_threads, usable_cpus, worker_count
+from service.settings import Settings
+from tests.conftest import digit_image, png_b64
+from tests.service.serving import read_one, uvicorn_thread
+
+PNG = png_b64(digit_image(3, 128))
+
+
+@pytest.fixture(scope="module")
+def app(digits_bundle_dir: Path) -> FastAPI:
+    return create_app(Settings(models_dir=digits_bundle_dir.parent), cache=InProcessCache(1 << 24))
+
+
+@pytest.fixture(scope="module")
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+# --------------------------------------------------------------------------- the clock
+
+
+def test_a_deadline_counts_from_the_first_bytes_of_the_head(app: FastAPI) -> None:
+    """The request line arrives, then the rest of the head 0.3 s later: the app sees the
+    request only once its head is complete, yet the deadline counts from the first bytes
+    (the connection's clock, ``service.server``), on a kept-alive connection too."""
+    body = json.dumps({"model": "digits", "item": {"png_base64": PNG}, "budget": 2000}).encode()
+    rest = (
+        b"Host: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    with uvicorn_thread(app) as port, socket.create_connection(("127.0.0.1", port), 30) as conn:
+        for _ in range(2):  # a new connection, then the same one kept alive
+            conn.sendall(b"POST /predict HTTP/1.1\r\n")
+            time.sleep(0.3)
+            conn.sendall(rest)
+            status, _, raw = read_one(conn)
+            answer = json.loads(raw)
+            assert status == 200, answer
+            assert answer["cost"]["accounting"] == "deadline"
+            assert answer["timings_ms"]["since_received"] >= 300.0
+            assert answer["cost"]["spent"] >= 300.0
+
+
+# --------------------------------------------------------------------------- lean vs FastAPI
+
+
+def test_the_lean_endpoint_and_fastapis_route_answer_alike(app: FastAPI) -> None:
+    """``POST /predict`` at the root is the lean endpoint; mounted under a prefix the app
+    serves it through FastAPI's route. Both parse, answer and refuse alike."""
+    outer = FastAPI()
+    outer.mount("/api", app)
+    request = {"model": "digits", "item": {"png_base64": PNG}, "budget": 1000, "accounting": "work"}
+    bad_json = b'{"model": "digits", '
+    invalid = {"model": "digits", "item": {"png_base64": PNG}, "budget": -1}
+    with TestClient(app) as root, TestClient(outer) as mounted:
+        answers = [
+            c.post(p, json=request) for c, p in ((root, "/predict"), (mounted, "/api/predict"))
+        ]
+        assert [a.status_code for a in answers] == [200, 200]
+        lean, routed = (a.json() for a in answers)
+        assert lean.keys() == routed.keys()
+        assert lean["prediction"] == routed["prediction"] == "3"
+        assert lean["cost"]["extracted"] and routed["cost"]["cached"]  # the second got its features
+        assert answers[0].headers["content-type"] == answers[1].headers["content-type"]
+        for body in (bad_json, json.dumps(invalid).encode()):
+            pair = [
+                c.post(p, content=body, headers={"content-type": "application/json"})
+                for c, p in ((root, "/predict"), (mounted, "/api/predict"))
+            ]
+            assert [r.status_code for r in pair] == [422, 422]
+            assert pair[0].json()["error"]["type"] == pair[1].json()["error"]["type"]
+        assert "budget" in pair[0].json()["error"]["message"]
+        assert "budget" in pair[1].json()["error"]["message"]
+        unsupported = [
+            c.post(p, content=json.dumps(request), headers={"content-type": "text/plain"})
+            for c, p in ((root, "/predict"), (mounted, "/api/predict"))
+        ]
+        assert [r.status_code for r in unsupported] == [415, 415]
+        # Batches too.
+        batch = {"model": "digits", "items": [{"png_base64": PNG}] * 2, "budget": 5}
+        assert root.post("/predict", json=batch).json()["cost"]["order"] == [0, 1]
+
+
+# --------------------------------------------------------------------------- the floor
+
+
+def test_the_floor_is_measured_at_start_up_and_published(client: TestClient) -> None:
+    model = client.get("/models/digits").json()
+    floor = model["floor"]
+    assert floor["measured"] is True and floor["samples"] >= 32
+    assert 0 < floor["reserve_ms"] <= floor["overhead_ms"] + 1e-9
+    by_size = {row["size"]: row for row in floor["by_size"]}
+    assert all(row["floor_ms"] >= floor["overhead_ms"] for row in by_size.values())
+    skyline = client.get("/models/digits/skyline", params={"size": 1024}).json()
+    assert skyline["floor_ms"] >= floor["overhead_ms"]
+    for point in skyline["skyline"]:
+        assert point["budget"] == pytest.approx(point["cost"] + skyline["floor_ms"])
+
+
+def test_a_budget_below_the_floor_says_so(client: TestClient) -> None:
+    small = client.post(
+        "/predict", json={"model": "digits", "item": {"png_base64": PNG}, "budget": 0.001}
+    ).json()
+    assert small["below_floor"] is True and small["floor_ms"] > 0.001
+    assert small["answered_by"] == "prior" and small["deadline_exceeded"] is True
+    ample = client.post(
+        "/predict", json={"model": "digits", "item": {"png_base64": PNG, "id": "x"}, "budget": 500}
+    ).json()
+    assert ample["below_floor"] is False and ample["cost"]["extracted"]
+    assert ample["floor_ms"] >= ample["timings_ms"]["decode"]
+
+
+def test_floor_meter_quantiles_reserve_and_decoding() -> None:
+    meter = FloorMeter(min_samples=4, refresh=1)
+    assert meter.reserve_ms() == meter.overhead_ms() == 0.5  # not measured yet
+    assert not meter.measured()
+    for k in range(20):  # overhead 1..20 ms, tail 0.1..2.0, decoding 1 ms per 1000 px
+        meter.record("b", 1000, overhead_ms=k + 1.0, tail_ms=(k + 1) / 10, decode_ms=1.0)
+    assert meter.overhead_ms() == 20.0  # p95 of 20 samples: the conservative 19th sorted
+    assert meter.reserve_ms() == pytest.approx(2.0)
+    meter.record("b", 64_000, overhead_ms=1.0, tail_ms=0.1, decode_ms=64.0)
+    assert meter.decode_ms("b", 1000) == pytest.approx(1.0)
+    assert meter.decode_ms("b", 8000) == pytest.approx(8.0)  # between: the power law (1.0 here)
+    assert meter.decode_ms("b", 100) == pytest.approx(1.0)  # below: the smallest seen
+    assert meter.decode_ms("b", 10**6) is None  # above any seen: not known
+    assert meter.decode_ms("other", 1000) is None
+    assert meter.floor_ms("b", 8000) == pytest.approx(meter.overhead_ms() + 8.0)
+    assert FloorMeter(0.25).reserve_ms() == 0.25  # a fixed reserve wins
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def test_threads_go_to_the_earliest_deadline_and_waits_are_bounded() -> None:
+    async def run() -> list[str]:
+        gate = ThreadGate(1)
+        assert gate.try_acquire()
+        order: list[str] = []
+
+        async def wait(name: str, deadline: float, limit: float | None) -> None:
+            if await gate.acquire(deadline, limit):
+                order.append(name)
+                await asyncio.sleep(0.01)
+                gate.release()
+            else:
+                order.append(f"{name} expired")
+
+        tasks = [
+            asyncio.create_task(wait("late", 30.0, None)),
+            asyncio.create_task(wait("soon", 10.0, None)),
+            asyncio.create_task(wait("hasty", 5.0, 0.02)),  # gives up before a thread frees
+            asyncio.create_task(wait("mid", 20.0, None)),
+        ]
+        cancelled = asyncio.create_task(wait("cancelled", 1.0, None))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        await asyncio.sleep(0.01)
+        gate.release()
+        await asyncio.gather(*tasks)
+        assert gate.free == 1 and gate.available()
+        return order
+
+    assert asyncio.run(run()) == ["hasty expired", "soon", "mid", "late"]
+
+
+@pytest.fixture(scope="module")
+def digits_bundle(digits_bundle_dir: Path) -> Bundle:
+    return load_bundle(digits_bundle_dir, 1 << 20)
+
+
+def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bundle) -> None:
+    """Every thread busy: a request whose whole plan fits in ``inline_ms`` still buys its
+    features, on the event loop; without inline plans it waits for the thread, gives up
+    and answers from the prior."""
+
+    def handler(inline_ms: float) -> PredictHandler:
+        return PredictHandler(
+            Registry(bundles={digits_bundle.name: digits_bundle}),
+            InProcessCache(1 << 20),
+            Metrics(),
+            reserve_ms=0.0,
+            threads=1,
+            inline_ms=inline_ms,
+            default_accounting="work",
+        )
+
+    async def ask(h: PredictHandler, tag: str) -> Any:
+        assert h.gate.try_acquire()  # the one thread is busy
+        try:
+            response, _ = await h.predict("digits", {"png_base64": PNG, "id": tag}, None, 3.0)
+        finally:
+            h.gate.release()
+        return response
+
+    inline = anyio.run(ask, handler(10.0), "inline")
+    assert inline.cost.extracted and inline.timings_ms.queued == 0.0
+    threaded = handler(0.0)
+    waited = anyio.run(ask, threaded, "threaded")
+    assert waited.cost.extracted == [] and waited.answered_by == "prior"
+    assert threaded.metrics.admission.labels(result="wait_expired")._value.get() == 1
+
+
+def test_workers_and_threads_follow_the_cpus_a_container_may_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: one busy thread fits
+    assert usable_cpus(v2) == 1
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(v2) == affinity
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(v1) == affinity
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    assert usable_cpus(v1) == 1
+    assert usable_cpus(tmp_path / "none") == affinity
+    monkeypatch.setattr("service.server.usable_cpus", lambda: 4)
+    assert worker_count(0) == 4 and worker_count(3) == 3
+    assert extraction_threads(0, 0) == 1 and extraction_threads(0, 2) == 2
+    assert extraction_threads(0, 8) == 1 and extraction_threads(5, 1) == 5
