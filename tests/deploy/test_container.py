@@ -434,6 +434,16 @@ def test_entrypoint_serves_and_drains_on_sigterm(
     assert answer["prediction"] == "3" and answer["cost"]["spent"] > 0, answer
     metrics = get(port, "/metrics")[1].decode()
     assert 'budgetserve_requests_total{model="digits",status="ok"}' in metrics
+    # gRPC (the image sets BUDGETSERVE_GRPC_PORT) answers beside HTTP, from every worker
+    # (each binds it with SO_REUSEPORT: a fresh channel per call reaches any of them)
+    import tritonclient.grpc as triton_grpc
+
+    for _ in range(3):
+        rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{served.env['BUDGETSERVE_GRPC_PORT']}")
+        try:
+            assert rpc.is_server_ready() and rpc.is_model_ready("digits")
+        finally:
+            rpc.close()
 
     holders = served.holders()
     workers_pids = [p for p in holders if p != served.pid1] if n_workers > 1 else holders
