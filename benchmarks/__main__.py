@@ -27,6 +27,7 @@ def main() -> None:
         extractors,
         fixed_server,
         gating,
+        libraries,
         ocr,
         parsing,
         polydom,
@@ -57,6 +58,7 @@ def main() -> None:
         ("service", lambda: service.main(options=service.Options(before="eec268a"))),
         ("fixed server", lambda: fixed_server.main()),
         ("batch", lambda: batch.main()),
+        ("libraries (feature cache LRU)", lambda: libraries.main()),
     ):
         t0 = time.perf_counter()
         run()

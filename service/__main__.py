@@ -20,7 +20,7 @@ import textwrap
 
 import uvicorn
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import AliasChoices, ValidationError
 from uvicorn.config import STARTUP_FAILURE
 
 from service import tracing
@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     lines = []
     for name, info in Settings.model_fields.items():
         env = f"BUDGETSERVE_{name.upper()}"
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):  # REDIS_URL (or BUDGETSERVE_REDIS_URL)
+            names = [str(c) for c in alias.choices]
+            env = f"{names[0]} (or {', '.join(names[1:])})" if len(names) > 1 else names[0]
         default = "(none)" if info.default is None else info.default
         if info.default_factory is not None:
             default = "{}"

@@ -563,6 +563,7 @@ class PredictHandler:
             expected_accuracy=accuracy,
             strategy=strategy,
             model_version=manifest.version,
+            version=bundle.label or manifest.version,
             answered_by=run.answer,
             path=run.path,
             decision=run.report,
@@ -596,10 +597,8 @@ class PredictHandler:
 
     def _observe(self, response: PredictResponse) -> None:
         m = self.metrics
-        m.child(m.spent, model=response.model).observe(response.cost.spent)
-        m.child(m.budget, model=response.model).observe(response.cost.budget)
-        utilisation = response.cost.spent / response.cost.budget
-        m.child(m.utilisation, model=response.model).observe(utilisation)
+        cost = response.cost
+        m.observe_cost(response.model, cost.unit, cost.spent, cost.budget)
         if response.deadline_exceeded:
             m.child(m.budget_exceeded, model=response.model).inc()
         for sensor in response.unavailable:

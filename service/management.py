@@ -143,7 +143,9 @@ class ModelManager:
                     if self.seen.get(folder) == now:
                         continue
                 self._install(await self._load(folder), report)
-            for folder in set(self.registry.owners.values()) - set(folders):
+            # Gone: folders that served, and folders whose failure is still reported.
+            failed = {f.folder.split("/", 1)[0] for f in self.registry.failures}
+            for folder in (set(self.registry.owners.values()) | failed) - set(folders):
                 self._install(FolderLoad(folder), report)
                 self.seen.pop(folder, None)
             if report.loaded or report.failed or report.unloaded:
@@ -166,6 +168,8 @@ class ModelManager:
 
     async def watch(self, interval_s: float) -> None:
         """Every ``interval_s``, reload the folders whose files changed (forever)."""
+        # Polling, not watchfiles' inotify: the deploy defaults mount network volumes
+        # (ReadWriteMany), where other clients' writes raise no inotify event.
         while True:
             await anyio.sleep(interval_s)
             try:

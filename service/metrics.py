@@ -10,13 +10,19 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
     multiprocess,
 )
 
 _LATENCY_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _COST = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+_COST_S = tuple(c / 1000.0 for c in _COST)  # the same bounds for ms costs, in seconds
+#: The cost unit of bundles whose costs are measured (wall time).
+MEASURED_UNIT = "ms"
 _UTILISATION = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.5, 2.0, 5.0)
 
 UNKNOWN_MODEL = "_unknown"
@@ -27,6 +33,11 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry
+        # process_* (CPU, memory, file descriptors) and python_* (GC, version) of this
+        # process; not in the multiprocess exposition (see exposition()).
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.request_latency = Histogram(
             "budgetserve_request_duration_seconds",
             "Wall time of POST /predict, from request to response",
@@ -54,23 +65,44 @@ class Metrics:
             buckets=_LATENCY_S,
             registry=r,
         )
-        self.spent = Histogram(
-            "budgetserve_spent_cost",
-            "Cost spent per request, in the bundle's unit",
+        # What a request was granted and spent, apart by unit (Prometheus' base units): a
+        # bundle whose costs are measured (cost unit ms) in seconds; one whose costs are
+        # declared in its own unit (units, dollars, ...) in that unit, named by ``unit``.
+        self.spent_seconds = Histogram(
+            "budgetserve_request_spent_seconds",
+            "Cost spent per answered request of a bundle with measured costs (cost.unit ms), "
+            "in seconds",
             ["model"],
+            buckets=_COST_S,
+            registry=r,
+        )
+        self.budget_seconds = Histogram(
+            "budgetserve_request_budget_seconds",
+            "Budget granted per answered request of a bundle with measured costs (cost.unit "
+            "ms), in seconds",
+            ["model"],
+            buckets=_COST_S,
+            registry=r,
+        )
+        self.spent_units = Histogram(
+            "budgetserve_request_spent_units",
+            "Cost spent per answered request of a bundle with declared costs, in its declared "
+            "unit (the unit label)",
+            ["model", "unit"],
             buckets=_COST,
             registry=r,
         )
-        self.budget = Histogram(
-            "budgetserve_request_budget",
-            "Budget granted per answered request, in the bundle's unit",
-            ["model"],
+        self.budget_units = Histogram(
+            "budgetserve_request_budget_units",
+            "Budget granted per answered request of a bundle with declared costs, in its "
+            "declared unit (the unit label)",
+            ["model", "unit"],
             buckets=_COST,
             registry=r,
         )
         self.utilisation = Histogram(
-            "budgetserve_budget_utilisation",
-            "Spent cost / budget per request",
+            "budgetserve_budget_utilisation_ratio",
+            "Spent cost / budget per answered request (above 1: it overran)",
             ["model"],
             buckets=_UTILISATION,
             registry=r,
@@ -140,13 +172,25 @@ class Metrics:
             found = self._children[key] = metric.labels(**labels)
         return found
 
+    def observe_cost(self, model: str, unit: str, spent: float, budget: float) -> None:
+        """An answered request's spent cost and budget (in ``unit``, the bundle's), and
+        their ratio."""
+        if unit == MEASURED_UNIT:
+            self.child(self.spent_seconds, model=model).observe(spent / 1000.0)
+            self.child(self.budget_seconds, model=model).observe(budget / 1000.0)
+        else:
+            self.child(self.spent_units, model=model, unit=unit).observe(spent)
+            self.child(self.budget_units, model=model, unit=unit).observe(budget)
+        self.child(self.utilisation, model=model).observe(spent / budget)
+
     def cache_failure(self, kind: str) -> None:
         """A Redis call failed (error, or no answer within the Redis timeout)."""
         self.cache.labels(result="write_error" if kind == "write" else "error").inc()
 
     def exposition(self) -> bytes:
         """The text exposition: this process's metrics, or, when several workers run with
-        ``PROMETHEUS_MULTIPROC_DIR`` set, every worker's aggregated."""
+        ``PROMETHEUS_MULTIPROC_DIR`` set, every worker's aggregated (without process_* and
+        python_*, which prometheus-client cannot aggregate across processes)."""
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

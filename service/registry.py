@@ -53,6 +53,9 @@ class Bundle:
     calibrator: CostCalibrator
     decoder: ItemDecoder
     tags: dict[str, str]
+    # The version label it serves under (Registry.install sets it): the version folder's
+    # name, or the manifest's version in the flat layout.
+    label: str = ""
 
     @property
     def runtime(self) -> StrategyRuntime:
@@ -143,6 +146,8 @@ class Registry:
                 if "*" in load.failed_labels or label in load.failed_labels:
                     new.setdefault(name, {}).setdefault(label, bundle)
         for name, versions in new.items():
+            for label, bundle in versions.items():
+                bundle.label = label
             ordered = dict(sorted(versions.items(), key=lambda kv: version_key(kv[0])))
             self.versions[name] = ordered
             self.bundles[name] = ordered[next(reversed(ordered))]

@@ -68,7 +68,13 @@ class PredictResponse(BaseModel):
     features: list[str] = Field(description="features the answering model used")
     expected_accuracy: float
     strategy: str = Field(description="name of the strategy that planned the request")
-    model_version: str
+    model_version: str = Field(description="the version its manifest gives")
+    version: str | None = Field(
+        default=None,
+        description="the version label that answered: its version folder's name "
+        "(models/<name>/<version>/), or the manifest's version in the flat layout; a request "
+        "naming a version gets that one",
+    )
     answered_by: str = Field(description="id of the model that answered")
     path: list[list[str]] | None = Field(
         default=None, description="states visited (features acquired) by graph strategies"

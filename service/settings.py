@@ -1,4 +1,4 @@
-"""Service settings, from environment variables only (prefix ``BUDGETSERVE_``)."""
+"""Service settings, from environment variables (``BUDGETSERVE_*``) and mounted secret files."""
 
 from __future__ import annotations
 
@@ -10,9 +10,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.sources import SensorSources
 
+#: Mounted secrets (a compose secret volume, a Kubernetes Secret): a file named as a setting's
+#: variable, in lower case (``budgetserve_admin_token``), holds its value; a variable that is
+#: set wins. Read only where the folder exists (pydantic-settings warns about a missing one).
+SECRETS_DIR = Path("/run/secrets")
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BUDGETSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="BUDGETSERVE_",
+        extra="ignore",
+        secrets_dir=SECRETS_DIR if SECRETS_DIR.is_dir() else None,
+    )
 
     models_dir: Path = Field(default=Path("models"), description="folder of bundles to load")
     host: str = Field(default="127.0.0.1", description="address `budgetserve-serve` binds")
@@ -24,6 +33,13 @@ class Settings(BaseSettings):
         ge=0,
         description="uvicorn worker processes (0: one per CPU this process may use, counting a "
         "container's CPU quota)",
+    )
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="TCP port of the Open Inference Protocol over gRPC (KServe v2 / Triton "
+        "clients), served beside HTTP on BUDGETSERVE_HOST by every worker (unset: no gRPC)",
     )
     redis_url: str | None = Field(
         default=None,

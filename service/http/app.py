@@ -174,6 +174,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await _start(state, registry, cache)
+        grpc_server = None
+        if settings.grpc_port is not None:  # gRPC beside HTTP, on this loop (issue 29)
+            from service.grpc_api import start_grpc
+
+            grpc_server = await start_grpc(state)
         watcher = None
         if state.manager is not None and settings.watch_interval_s > 0:
             watcher = asyncio.create_task(state.manager.watch(settings.watch_interval_s))
@@ -181,6 +186,8 @@ def create_app(
             yield
         finally:
             state.ready = False
+            if grpc_server is not None:
+                await grpc_server.stop()
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -211,9 +211,29 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
 
 
+def _protocol_shape(handler: Any) -> Any:
+    """``handler``, answering under ``/v2`` in the Open Inference Protocol's error shape,
+    ``{"error": "<message>"}`` (its clients read nothing else), with the same status."""
+
+    async def handle(request: Request, exc: Any) -> JSONResponse:
+        response: JSONResponse = await handler(request, exc)
+        path = request.url.path
+        if path != "/v2" and not path.startswith("/v2/"):
+            return response
+        error = ErrorResponse.model_validate_json(bytes(response.body)).error
+        reshaped = JSONResponse({"error": error.message}, status_code=response.status_code)
+        for key, value in response.headers.items():
+            if key not in ("content-length", "content-type"):
+                reshaped.headers[key] = value
+        return reshaped
+
+    return handle
+
+
 def install_handlers(app: FastAPI) -> None:
-    """Answer every error with an ``ErrorResponse`` body, counting /predict's outcomes."""
-    app.exception_handler(errors.BudgetServeError)(_domain_error)
-    app.exception_handler(RequestValidationError)(_validation_error)
-    app.exception_handler(StarletteHTTPException)(_http_error)
-    app.exception_handler(Exception)(_unexpected)
+    """Answer every error with an ``ErrorResponse`` body (under ``/v2``: the protocol's),
+    counting /predict's outcomes."""
+    app.exception_handler(errors.BudgetServeError)(_protocol_shape(_domain_error))
+    app.exception_handler(RequestValidationError)(_protocol_shape(_validation_error))
+    app.exception_handler(StarletteHTTPException)(_protocol_shape(_http_error))
+    app.exception_handler(Exception)(_protocol_shape(_unexpected))

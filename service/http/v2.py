@@ -46,17 +46,22 @@ import base64
 import io
 import json
 import math
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from PIL import Image
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from service import errors
 from service.batch import predict_batch
+from service.http.admin import AuthHeader
+from service.http.admin import _manager as admin_manager
 from service.http.errors import documented, status_of
 from service.http.middleware import received_at
 from service.http.state import AppState, app_state
@@ -76,14 +81,23 @@ from service.http.v2_schemas import (
     inline_schema,
 )
 from service.metrics import UNKNOWN_MODEL
-from service.registry import Bundle, Registry
+from service.registry import Bundle, Registry, bundle_folders
 from service.schemas import PredictResponse
 
 State = Annotated[AppState, Depends(app_state)]
+Credentials = HTTPAuthorizationCredentials | None
 
 SERVER_NAME = "budgetserve"
 SERVER_VERSION = "0.1.0"
 HEADER_LENGTH = "inference-header-content-length"
+#: The protocol extensions served (Triton's names), over REST and gRPC.
+EXTENSIONS = (
+    "binary_tensor_data",
+    "parameters",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+)
 
 OUTPUTS = (
     "PREDICTION",
@@ -111,6 +125,11 @@ _NUMPY: dict[str, str] = {
 }
 
 
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    """The little-endian numpy dtype of a numeric protocol datatype."""
+    return np.dtype(_NUMPY[datatype])
+
+
 class ProtocolError(errors.BudgetServeError):
     """An inference request the protocol cannot read: 400."""
 
@@ -124,13 +143,18 @@ def resolve(registry: Registry, name: str, version: str | None) -> Bundle:
     return registry.get(name, version)
 
 
-def v2_error(exc: errors.BudgetServeError) -> JSONResponse:
+def protocol_status(exc: errors.BudgetServeError) -> int:
+    """The HTTP status of ``exc`` under the protocol (``service.grpc_api`` maps it on to a
+    gRPC code): 400 a request it cannot read, else the app's own."""
     if isinstance(exc, ProtocolError):
-        status = 400
-    elif isinstance(exc, errors.VersionNotFound):
-        status = 404
-    else:
-        status = status_of(exc)
+        return 400
+    if isinstance(exc, errors.VersionNotFound):
+        return 404
+    return status_of(exc)
+
+
+def v2_error(exc: errors.BudgetServeError) -> JSONResponse:
+    status = protocol_status(exc)
     headers = (
         {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, errors.Overloaded) else None
     )
@@ -141,7 +165,7 @@ def v2_error(exc: errors.BudgetServeError) -> JSONResponse:
 
 
 async def server_metadata() -> ServerMetadata:
-    return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+    return ServerMetadata(name=SERVER_NAME, version=SERVER_VERSION, extensions=list(EXTENSIONS))
 
 
 async def live() -> Live:
@@ -160,12 +184,10 @@ async def model_metadata(name: str, state: State) -> JSONResponse:
 
 async def version_metadata(name: str, version: str | None, state: State) -> JSONResponse:
     try:
-        registry = state.loaded_registry()
-        bundle = resolve(registry, name, version)
+        meta = metadata_of(state.loaded_registry(), name, version)
     except errors.BudgetServeError as exc:
         return v2_error(exc)
-    versions = list(registry.versions.get(name) or [bundle.manifest.version])
-    return JSONResponse(_metadata(bundle, versions).model_dump(exclude_none=True))
+    return JSONResponse(meta.model_dump(exclude_none=True))
 
 
 async def model_ready(name: str, state: State) -> JSONResponse:
@@ -219,6 +241,235 @@ def _metadata(bundle: Bundle, versions: list[str]) -> ModelMetadata:
     )
 
 
+def metadata_of(registry: Registry, name: str, version: str | None) -> ModelMetadata:
+    """The protocol's model metadata of ``name`` at ``version`` (None: the newest)."""
+    bundle = resolve(registry, name, version)
+    versions = list(registry.versions.get(name) or [bundle.manifest.version])
+    return _metadata(bundle, versions)
+
+
+# --- model configuration and statistics (Triton's extensions) -------------------------------
+
+
+def config_of(registry: Registry, name: str, version: str | None) -> dict[str, Any]:
+    """Triton's model configuration (``model_config.proto``'s JSON form) of ``name``: the
+    protocol's inputs and outputs (as ``GET /v2/models/{name}`` gives them), every loaded
+    version served (``version_policy.all``), no server-side batching (``max_batch_size`` 0:
+    the first dimension of each input is the batch, planned by budgetserve), and the
+    bundle's cost unit, strategies and version label in ``parameters``."""
+    bundle = resolve(registry, name, version)
+    meta = _metadata(bundle, [])
+    m = bundle.manifest
+
+    def data_type(datatype: str) -> str:
+        return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+    parameters = {k: str(v) for k, v in (meta.parameters or {}).items()}
+    parameters["version"] = version if version is not None else version_label(bundle)
+    parameters["manifest_version"] = m.version
+    return {
+        "name": m.name,
+        "platform": "budgetserve",
+        "backend": "budgetserve",
+        "version_policy": {"all": {}},
+        "max_batch_size": 0,
+        "input": [
+            {
+                "name": t.name,
+                "data_type": data_type(t.datatype),
+                "dims": t.shape,
+                **(
+                    {"optional": True}
+                    if t.name in ("ID", "VALUES") or m.item.kind == "tabular"
+                    else {}
+                ),
+            }
+            for t in meta.inputs
+        ],
+        "output": [
+            {"name": t.name, "data_type": data_type(t.datatype), "dims": t.shape}
+            for t in meta.outputs
+        ],
+        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
+    }
+
+
+def _duration(count: float | None, seconds: float | None) -> dict[str, int]:
+    return {"count": int(count or 0), "ns": int((seconds or 0.0) * 1e9)}
+
+
+def statistics_of(state: AppState, name: str | None, version: str | None) -> dict[str, Any]:
+    """Triton's inference statistics of ``name`` (None: every loaded model) from this
+    process's Prometheus metrics, which ``POST /predict`` and both protocols update: success
+    and fail are requests answered and refused (``fail.ns`` 0: refusals are not timed
+    apart; ``success.ns`` is the wall time of every request, ``request_duration_seconds``),
+    ``compute_infer`` the model inferences, ``cache_hit``/``cache_miss`` 0 (the feature
+    cache is per feature, not per request: ``budgetserve_cache_requests_total``);
+    ``inference_count`` the items answered and ``execution_count`` the requests. Metrics are
+    per model, not per version: each entry names the version that serves by default."""
+    registry = state.loaded_registry()
+    if name is None:
+        names = sorted(registry.bundles)
+    else:
+        resolve(registry, name, version)
+        names = [name]
+    sample = state.metrics.registry.get_sample_value
+    out = []
+    for n in names:
+        ok = sample("budgetserve_requests_total", {"model": n, "status": "ok"}) or 0.0
+        every = sum(
+            s.value
+            for metric in state.metrics.requests.collect()
+            for s in metric.samples
+            if s.name.endswith("_total") and s.labels.get("model") == n
+        )
+        items = sample("budgetserve_budget_utilisation_ratio_count", {"model": n})
+        out.append(
+            {
+                "name": n,
+                "version": version or version_label(registry.bundles[n]),
+                "last_inference": 0,
+                "inference_count": int(items or 0),
+                "execution_count": int(ok),
+                "inference_stats": {
+                    "success": _duration(
+                        ok, sample("budgetserve_request_duration_seconds_sum", {"model": n})
+                    ),
+                    "fail": _duration(every - ok, 0.0),
+                    "queue": _duration(0, 0.0),
+                    "compute_input": _duration(0, 0.0),
+                    "compute_infer": _duration(
+                        sample("budgetserve_inference_seconds_count", {"model": n}),
+                        sample("budgetserve_inference_seconds_sum", {"model": n}),
+                    ),
+                    "compute_output": _duration(0, 0.0),
+                    "cache_hit": _duration(0, 0.0),
+                    "cache_miss": _duration(0, 0.0),
+                },
+            }
+        )
+    return {"model_stats": out}
+
+
+async def model_config(name: str, state: State) -> JSONResponse:
+    return await version_config(name, None, state)
+
+
+async def version_config(name: str, version: str | None, state: State) -> JSONResponse:
+    try:
+        return JSONResponse(config_of(state.loaded_registry(), name, version))
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+
+
+async def all_stats(state: State) -> JSONResponse:
+    return await version_stats(None, None, state)
+
+
+async def model_stats(name: str, state: State) -> JSONResponse:
+    return await version_stats(name, None, state)
+
+
+async def version_stats(name: str | None, version: str | None, state: State) -> JSONResponse:
+    try:
+        return JSONResponse(statistics_of(state, name, version))
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+
+
+# --- the model repository extension ---------------------------------------------------------
+
+
+def repository_index(state: AppState, ready_only: bool) -> list[dict[str, str]]:
+    """Every model of the repository (``BUDGETSERVE_MODELS_DIR``): each loaded version
+    ``READY``; each folder that failed to load, or that holds bundles not loaded (never, or
+    unloaded), ``UNAVAILABLE`` with the reason. ``ready_only``: the ready ones only."""
+    registry = state.loaded_registry()
+    index: list[dict[str, str]] = []
+    for name in sorted(registry.bundles):
+        for label in registry.versions.get(name) or [registry.bundles[name].manifest.version]:
+            index.append({"name": name, "version": label, "state": "READY", "reason": ""})
+    if ready_only:
+        return index
+    listed = set(registry.bundles)
+    for failure in sorted(registry.failures, key=lambda f: (f.name, f.folder)):
+        _, _, label = failure.folder.partition("/")
+        index.append(
+            {
+                "name": failure.name,
+                "version": label,
+                "state": "UNAVAILABLE",
+                "reason": failure.reason,
+            }
+        )
+        listed.add(failure.name)
+    for folder in bundle_folders(state.settings.models_dir):
+        if folder not in listed and folder not in registry.owners.values():
+            index.append(
+                {"name": folder, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}
+            )
+    return index
+
+
+async def repository_load(state: AppState, name: str, credentials: Credentials) -> None:
+    """Load (or load again) the folder serving ``name``: ``POST /models/{name}/reload``. A
+    failure is a protocol error naming the reason (the previous version, if any, still
+    serves)."""
+    manager = admin_manager(state, credentials)
+    report = await manager.reload(name)
+    if not (report.loaded or report.failed or report.unloaded):
+        raise errors.ModelNotFound(name, sorted(manager.registry.bundles))
+    if report.failed:
+        reasons = "; ".join(f"{f['folder']}: {f['error']}" for f in report.failed)
+        raise ProtocolError(f"failed to load {name!r}: {reasons}")
+
+
+async def repository_unload(state: AppState, name: str, credentials: Credentials) -> None:
+    """Stop serving ``name``: ``DELETE /models/{name}``."""
+    manager = admin_manager(state, credentials)
+    if not await manager.unload(name):
+        raise errors.ModelNotFound(name, sorted(manager.registry.bundles))
+
+
+class IndexRequest(BaseModel):
+    ready: bool = False
+
+
+async def repository_index_route(state: State, request: Request) -> JSONResponse:
+    try:
+        raw = await request.body()
+        try:
+            body = IndexRequest.model_validate_json(raw) if raw.strip() else IndexRequest()
+        except ValidationError as exc:
+            raise ProtocolError(
+                f"invalid repository index request: {exc.errors()[0]['msg']}"
+            ) from None
+        index = await anyio.to_thread.run_sync(repository_index, state, body.ready)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse(index)
+
+
+async def repository_load_route(
+    name: str, state: State, authorization: AuthHeader = None
+) -> JSONResponse:
+    try:
+        await repository_load(state, name, authorization)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse({"name": name, "load": True})
+
+
+async def repository_unload_route(
+    name: str, state: State, authorization: AuthHeader = None
+) -> JSONResponse:
+    try:
+        await repository_unload(state, name, authorization)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse({"name": name, "unload": True})
+
+
 # --- inference ------------------------------------------------------------------------------
 
 
@@ -229,28 +480,64 @@ async def infer(name: str, request: Request, state: State) -> JSONResponse:
 async def version_infer(
     name: str, version: str | None, request: Request, state: State
 ) -> JSONResponse:
+    # The request's log line and span (service.http.requestlog), as /predict writes them.
+    summary: dict[str, Any] = {"model": name, "version": version}
+    request.state.summary = summary
+
+    async def read() -> tuple[InferenceRequest, list[bytes | None]]:
+        return parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+
+    try:
+        body = await observed_infer(state, name, version, read, received_at(request.scope), summary)
+    except errors.BudgetServeError as exc:
+        return v2_error(exc)
+    return JSONResponse(body.model_dump(exclude_none=True))
+
+
+Reader = Callable[[], Awaitable[tuple[InferenceRequest, list[bytes | None]]]]
+
+
+async def observed_infer(
+    state: AppState,
+    name: str,
+    version: str | None,
+    read: Reader,
+    received: float | None,
+    summary: dict[str, Any],
+) -> InferenceResponse:
+    """One inference request of either transport (REST here, gRPC in
+    ``service.grpc_api``), timed and counted in the same metrics as ``POST /predict``;
+    ``read`` gives the request and each input's binary data. Raises the taxonomy's errors,
+    counted (and noted in ``summary``) by their code."""
     registry = state.loaded_registry()
     label = name if name in registry.bundles else UNKNOWN_MODEL
     metrics = state.metrics
     try:
-        with metrics.request_latency.labels(model=label).time():
-            body = await _infer(name, version, request, state)
+        with metrics.child(metrics.request_latency, model=label).time():
+            req, binary = await read()
+            body = await run_infer(state, name, version, req, binary, received, summary)
     except errors.BudgetServeError as exc:
-        metrics.requests.labels(model=label, status=exc.code).inc()
-        summary = getattr(request.state, "summary", None)
-        if isinstance(summary, dict):
-            summary["outcome"] = exc.code
-        return v2_error(exc)
-    metrics.requests.labels(model=label, status="ok").inc()
-    return JSONResponse(body.model_dump(exclude_none=True))
+        metrics.child(metrics.requests, model=label, status=exc.code).inc()
+        summary["outcome"] = exc.code
+        raise
+    metrics.child(metrics.requests, model=label, status="ok").inc()
+    return body
 
 
-async def _infer(
-    name: str, version: str | None, request: Request, state: AppState
+async def run_infer(
+    state: AppState,
+    name: str,
+    version: str | None,
+    req: InferenceRequest,
+    binary: list[bytes | None],
+    received: float | None,
+    summary: dict[str, Any],
 ) -> InferenceResponse:
-    bundle = resolve(state.loaded_registry(), name, version)
+    """Answer a parsed inference request through the predict handler (one item: its
+    deadline counts from ``received``; several: planned as ``POST /predict``'s batches)."""
+    registry = state.loaded_registry()
+    bundle = resolve(registry, name, version)
     handler = state.loaded_handler()
-    req, binary = parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
     params = req.parameters or {}
     budget = _number(params, "budget")
     total = _number(params, "total_budget")
@@ -266,14 +553,7 @@ async def _infer(
     accounting = params.get("accounting")
     if accounting is not None and not isinstance(accounting, str):
         raise ProtocolError(f"parameters.accounting must be a string, got {accounting!r}")
-    # The request's log line and span (service.http.requestlog), as /predict writes them.
-    summary = request.state.summary = {
-        "model": name,
-        "version": version,
-        "strategy": strategy,
-        "budget": budget,
-        "total_budget": total,
-    }
+    summary.update(strategy=strategy, budget=budget, total_budget=total)
     wanted = _requested(req)
     items = to_items(bundle, req.inputs, binary)
     if budget is not None and len(items) == 1:
@@ -285,7 +565,7 @@ async def _infer(
             strategy,
             version=version,
             accounting=accounting,
-            received=received_at(request.scope),
+            received=received,
         )
         await handler.write_back(writes)
         results = [response]
@@ -311,7 +591,14 @@ async def _infer(
     summary.update(
         spent=sum(r.cost.spent for r in results), unit=results[0].cost.unit, outcome="ok"
     )
-    return _response(bundle, req, results, wanted, budget, total)
+    answered = version if version is not None else version_label(bundle)
+    return _response(bundle, answered, req, results, wanted, budget, total)
+
+
+def version_label(bundle: Bundle) -> str:
+    """The version label (the version folder's name; the manifest's version in the flat
+    layout) under which ``bundle`` serves."""
+    return bundle.label or bundle.manifest.version
 
 
 def _number(params: dict[str, Any], key: str) -> float | None:
@@ -618,6 +905,7 @@ def _tabular_items(
 
 def _response(
     bundle: Bundle,
+    answered: str,
     req: InferenceRequest,
     results: list[PredictResponse],
     wanted: list[str],
@@ -666,7 +954,7 @@ def _response(
         params["total_budget"] = total
     return InferenceResponse(
         model_name=bundle.manifest.name,
-        model_version=bundle.manifest.version,
+        model_version=answered,
         id=req.id,
         parameters=params,
         outputs=[output(n) for n in wanted],
@@ -681,7 +969,10 @@ INFER_BODY = {
 }
 
 _ERRORS = {
-    400: "the protocol cannot read the request (bad JSON, shapes, datatypes, parameters)",
+    400: "the protocol cannot read the request (bad JSON, shapes, datatypes, parameters), "
+    "or a model failed to load",
+    401: "missing or wrong admin token (Authorization: Bearer <BUDGETSERVE_ADMIN_TOKEN>)",
+    403: "model management is disabled: BUDGETSERVE_ADMIN_TOKEN is not set",
     404: "unknown model or version",
     413: "request body or image too large",
     422: "an item the model cannot read",
@@ -723,6 +1014,7 @@ ROUTES: tuple[tuple[str, str, Any, dict[str, Any]], ...] = (
             "responses": {400: {"model": Ready, "description": "no model loaded"}},
         },
     ),
+    ("GET", "/v2/models/stats", all_stats, {"responses": v2_errors(503)}),
     (
         "GET",
         _MODEL,
@@ -749,4 +1041,26 @@ ROUTES: tuple[tuple[str, str, Any, dict[str, Any]], ...] = (
     ),
     ("POST", _MODEL + "/infer", infer, _INFER),
     ("POST", _VERSION + "/infer", version_infer, _INFER),
+    ("GET", _MODEL + "/config", model_config, {"responses": v2_errors(404, 503)}),
+    ("GET", _VERSION + "/config", version_config, {"responses": v2_errors(404, 503)}),
+    ("GET", _MODEL + "/stats", model_stats, {"responses": v2_errors(404, 503)}),
+    ("GET", _VERSION + "/stats", version_stats, {"responses": v2_errors(404, 503)}),
+    (
+        "POST",
+        "/v2/repository/index",
+        repository_index_route,
+        {"responses": v2_errors(400, 503)},
+    ),
+    (
+        "POST",
+        "/v2/repository/models/{name}/load",
+        repository_load_route,
+        {"responses": v2_errors(400, 401, 403, 404, 503)},
+    ),
+    (
+        "POST",
+        "/v2/repository/models/{name}/unload",
+        repository_unload_route,
+        {"responses": v2_errors(401, 403, 404, 503)},
+    ),
 )

@@ -62,7 +62,9 @@ def test_runtime_stage_shape(image: Image, monkeypatch: pytest.MonkeyPatch) -> N
     # Every BUDGETSERVE_ variable the image sets is a real setting, with a valid value.
     settings = settings_from(image.env, monkeypatch, "Dockerfile ENV")
     assert str(settings.models_dir) == "/models"
-    assert image.exposed() == {settings.port}, "EXPOSE differs from BUDGETSERVE_PORT"
+    assert image.exposed() == {settings.port, settings.grpc_port}, (
+        "EXPOSE differs from BUDGETSERVE_PORT and BUDGETSERVE_GRPC_PORT"
+    )
     # The models are baked where BUDGETSERVE_MODELS_DIR says, owned by the image's user.
     copies = [
         a
@@ -338,6 +340,7 @@ def start(image: Image, tmp_path: Path) -> Iterator[Callable[[dict[str, str]], S
             **image.env,
             "BUDGETSERVE_HOST": "127.0.0.1",
             "BUDGETSERVE_PORT": str(port),
+            "BUDGETSERVE_GRPC_PORT": str(free_port()),
             "BUDGETSERVE_MODELS_DIR": str(DIGITS_BUNDLE.parent),
             **overrides,
         }
@@ -431,6 +434,16 @@ def test_entrypoint_serves_and_drains_on_sigterm(
     assert answer["prediction"] == "3" and answer["cost"]["spent"] > 0, answer
     metrics = get(port, "/metrics")[1].decode()
     assert 'budgetserve_requests_total{model="digits",status="ok"}' in metrics
+    # gRPC (the image sets BUDGETSERVE_GRPC_PORT) answers beside HTTP, from every worker
+    # (each binds it with SO_REUSEPORT: a fresh channel per call reaches any of them)
+    import tritonclient.grpc as triton_grpc
+
+    for _ in range(3):
+        rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{served.env['BUDGETSERVE_GRPC_PORT']}")
+        try:
+            assert rpc.is_server_ready() and rpc.is_model_ready("digits")
+        finally:
+            rpc.close()
 
     holders = served.holders()
     workers_pids = [p for p in holders if p != served.pid1] if n_workers > 1 else holders

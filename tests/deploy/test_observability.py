@@ -107,8 +107,14 @@ def test_compose_file_is_valid_for_docker_compose(tmp_path: Path) -> None:
 def test_compose_services_health_dependencies_and_images() -> None:
     spec = compose()
     services = spec["services"]
-    assert set(services) == {"budgetserve", "redis", "prometheus", "grafana"}
+    assert set(services) == {"secrets", "budgetserve", "redis", "prometheus", "grafana"}
+    # `secrets` is a one-shot (it writes the admin token and Grafana's password, then exits):
+    # who needs it waits for it to complete; nothing else may be a one-shot.
+    oneshots = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert oneshots == {"secrets"}
     for name, service in services.items():
+        if name in oneshots:
+            continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         if "build" in service:
             assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
@@ -117,6 +123,9 @@ def test_compose_services_health_dependencies_and_images() -> None:
                 f"{name}: image {service['image']!r} is not pinned to a full version"
             )
         for dep, cond in service.get("depends_on", {}).items():
+            if dep in oneshots:
+                assert cond == {"condition": "service_completed_successfully"}, (name, dep)
+                continue
             if name == "prometheus":
                 # Monitoring must come up (and alert) when the service is not ready.
                 assert cond == {"condition": "service_started"}, (name, dep)
@@ -124,9 +133,9 @@ def test_compose_services_health_dependencies_and_images() -> None:
             assert cond == {"condition": "service_healthy"}, (name, dep)
             assert services[dep].get("healthcheck"), f"{name} waits on {dep}'s health"
     # the chain: redis → budgetserve (healthy) ; budgetserve (started) → prometheus → grafana
-    assert set(services["budgetserve"]["depends_on"]) == {"redis"}
+    assert set(services["budgetserve"]["depends_on"]) == {"secrets", "redis"}
     assert set(services["prometheus"]["depends_on"]) == {"budgetserve"}
-    assert set(services["grafana"]["depends_on"]) == {"prometheus"}
+    assert set(services["grafana"]["depends_on"]) == {"secrets", "prometheus"}
 
 
 def test_compose_volumes_and_ports() -> None:
@@ -145,8 +154,17 @@ def test_compose_volumes_and_ports() -> None:
             host, host_port, _ = port.split(":")
             assert host == "127.0.0.1", f"{name} publishes {port} beyond loopback"
             published.append(host_port)
-    assert used == declared == {"prometheus-data", "grafana-data"}
-    assert len(published) == len(set(published)) == 3
+    assert (
+        used
+        == declared
+        == {
+            "prometheus-data",
+            "grafana-data",
+            "budgetserve-secrets",
+            "grafana-secrets",
+        }
+    )
+    assert len(published) == len(set(published)) == 4  # HTTP and gRPC, Prometheus, Grafana
 
 
 def test_budgetserve_service_settings_are_real() -> None:
@@ -202,11 +220,23 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard() -> None:
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert (dashboards_dir / Path(home).relative_to(paths[0])).is_file()
 
+    # Importable elsewhere: the datasource is an input and a variable, never a uid of ours,
+    # and the job is a variable (Prometheus Operator's ServiceMonitor names it otherwise).
     dash = json.loads(DASHBOARD.read_text())
+    (ds_input,) = dash["__inputs"]
+    assert ds_input["type"] == "datasource" and ds_input["pluginId"] == "prometheus"
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["datasource"]["current"]["value"] == "${" + ds_input["name"] + "}"
+    queries = [v for v in variables.values() if v["type"] == "query"]
     uids = {p["datasource"]["uid"] for p in dash["panels"]}
     uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p["targets"]}
-    uids |= {v["datasource"]["uid"] for v in dash["templating"]["list"]}
-    assert uids == {source["uid"]}
+    uids |= {v["datasource"]["uid"] for v in queries}
+    assert uids == {"${datasource}"}
+    assert "job" in variables and 'job="' not in DASHBOARD.read_text()
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert all('job=~"$job"' in e for e in exprs), [e for e in exprs if "$job" not in e]
 
 
 def test_dashboard_has_the_panels_an_operator_needs() -> None:
@@ -222,8 +252,15 @@ def test_dashboard_has_the_panels_an_operator_needs() -> None:
     latency = exprs("Latency p50 / p99")
     assert "histogram_quantile(0.5," in latency and "histogram_quantile(0.99," in latency
     assert "budgetserve_request_duration_seconds_bucket" in latency
-    spent = exprs("Spent cost vs budget")
-    assert "budgetserve_spent_cost" in spent and "budgetserve_request_budget" in spent
+    spent = exprs("Spent vs budget, measured costs")
+    assert "budgetserve_request_spent_seconds" in spent
+    assert "budgetserve_request_budget_seconds" in spent
+    declared = exprs("Spent vs budget, declared costs")
+    assert "budgetserve_request_spent_units" in declared and "by (model, unit)" in declared
+    assert "budgetserve_request_budget_units" in declared
+    assert "budgetserve_budget_utilisation_ratio_bucket" in exprs(
+        "Budget utilisation (spent / budget)"
+    )
     assert "budgetserve_budget_exceeded_total" in exprs("Budget-exceeded rate")
     assert 'result="hit"' in exprs("Cache hit ratio")
     extraction = exprs("Extraction time per extractor")
@@ -250,10 +287,12 @@ def test_request_budget_metric(digits_bundle_dir: Path) -> None:
         for f in text_string_to_metric_families(text)
         for s in f.samples
     }
+    # ms budgets in seconds (Prometheus' base unit); nothing under the declared-unit name
     model = (("model", "digits"),)
-    assert samples[("budgetserve_request_budget_sum", model)] == 10.0
-    assert samples[("budgetserve_request_budget_count", model)] == 2
-    assert samples[("budgetserve_request_budget_bucket", (("le", "5.0"), *model))] == 1
+    assert samples[("budgetserve_request_budget_seconds_sum", model)] == pytest.approx(0.01)
+    assert samples[("budgetserve_request_budget_seconds_count", model)] == 2
+    assert samples[("budgetserve_request_budget_seconds_bucket", (("le", "0.005"), *model))] == 1
+    assert not any(n.startswith("budgetserve_request_budget_units") for n, _ in samples)
     assert not any(
         n.startswith("budgetserve_request_budget") and ("model", "nosuch") in k for n, k in samples
     )

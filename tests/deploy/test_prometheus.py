@@ -111,6 +111,7 @@ def grafana_to_promql(expr: str) -> str:
     """A dashboard query as Prometheus would receive it from Grafana, with every bundle
     selected; label_values() (a Grafana variable query) as the PromQL it stands for."""
     expr = expr.replace("$__rate_interval", RATE_WINDOW).replace("$model", ".*")
+    expr = expr.replace("$job", ".*")
     found = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", expr, flags=re.S)
     return f"group by ({found.group(2)}) ({found.group(1)})" if found else expr
 
@@ -165,13 +166,13 @@ def test_metric_names_of_promql() -> None:
 
 def test_a_renamed_metric_is_caught() -> None:
     exposition = (
-        "# TYPE budgetserve_spent_cost histogram\n"
-        'budgetserve_spent_cost_bucket{model="d",le="+Inf"} 1\n'
-        'budgetserve_spent_cost_sum{model="d"} 2.0\n'
-        'budgetserve_spent_cost_count{model="d"} 1\n'
+        "# TYPE budgetserve_request_spent_seconds histogram\n"
+        'budgetserve_request_spent_seconds_bucket{model="d",le="+Inf"} 1\n'
+        'budgetserve_request_spent_seconds_sum{model="d"} 2.0\n'
+        'budgetserve_request_spent_seconds_count{model="d"} 1\n'
     )
     exposed = exposed_names(exposition)
-    good = 'sum(rate(budgetserve_spent_cost_sum{model=~"$model"}[$__rate_interval]))'
+    good = 'sum(rate(budgetserve_request_spent_seconds_sum{model=~"$model"}[$__rate_interval]))'
     renamed = 'sum(rate(budgetserve_spent_sum{model=~"$model"}[$__rate_interval]))'
     assert unknown_names([good, "up == 0"], exposed) == {}
     assert unknown_names([good, renamed], exposed) == {renamed: {"budgetserve_spent_sum"}}
@@ -466,11 +467,11 @@ def test_prometheus_reads_back_the_requests_made(stack: Stack) -> None:
     sel = f'{job}, model="digits"'
     assert stack.value(f'budgetserve_requests_total{{{sel}, status="ok"}}') == len(answered)
     assert stack.value(f"budgetserve_request_duration_seconds_count{{{sel}}}") == len(answered)
-    assert stack.value(f"budgetserve_request_budget_sum{{{sel}}}") == pytest.approx(
-        sum(r["cost"]["budget"] for r in answered)
+    assert stack.value(f"budgetserve_request_budget_seconds_sum{{{sel}}}") == pytest.approx(
+        sum(r["cost"]["budget"] for r in answered) / 1000.0
     )
-    assert stack.value(f"budgetserve_spent_cost_sum{{{sel}}}") == pytest.approx(
-        sum(r["cost"]["spent"] for r in answered), rel=1e-6
+    assert stack.value(f"budgetserve_request_spent_seconds_sum{{{sel}}}") == pytest.approx(
+        sum(r["cost"]["spent"] for r in answered) / 1000.0, rel=1e-6
     )
     exceeded = sum(r["deadline_exceeded"] for r in answered)
     assert exceeded >= 1, "the 1e-4 ms budget should not have been met"
