@@ -29,10 +29,11 @@ class Settings(BaseSettings):
         default=8000, ge=0, le=65535, description="TCP port `budgetserve-serve` binds"
     )
     workers: int = Field(
-        default=0,
+        default=1,
         ge=0,
         description="uvicorn worker processes (0: one per CPU this process may use, counting a "
-        "container's CPU quota)",
+        "container's CPU quota). Each process holds its own bundles, floor and calibration, "
+        "and an admin reload reaches one of them (BUDGETSERVE_WATCH_INTERVAL_S reloads all)",
     )
     grpc_port: int | None = Field(
         default=None,
