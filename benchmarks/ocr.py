@@ -17,6 +17,7 @@ and the Fig. 2/3 report are one experiment; the method itself lives in training/
 from __future__ import annotations
 
 import argparse
+import pickle
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -30,10 +31,10 @@ from sklearn.linear_model import LogisticRegression
 
 from benchmarks.report import OUT, machine, measured_at, prose, wilson
 from service.bundle import StructuredOperatingPoint
-from service.chain import marginals_one
 from service.execution import ExtractorSource, MeasuredCost, run_session
 from service.registry import Bundle, CalibrationSettings, load_bundle
 from service.strategies.base import Observation, Session, StrategyRuntime
+from service.strategies.chain import marginals_one
 from service.strategies.structured import (
     StructuredAnytimeRuntime,
     StructuredOneShotRuntime,
@@ -233,23 +234,27 @@ def _jobs(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ocr")
     ap.add_argument("--data", type=Path, default=ROOT / DEFAULT_DATA)
-    ap.add_argument("--chain-words", type=int, default=1500)
-    ap.add_argument("--policy-words", type=int, default=800)
-    ap.add_argument("--max-iter", type=int, default=80)
+    ap.add_argument(
+        "--chain-words", type=int, default=0, help="0: every training word (the paper's 90 %%)"
+    )
+    ap.add_argument("--policy-words", type=int, default=0, help="0: every training word")
+    ap.add_argument("--max-iter", type=int, default=150)
     ap.add_argument("--test-words", type=int, default=0, help="0: the whole held-out fold")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--training-cache",
+        type=Path,
+        default=None,
+        help="a pickle of the training (local, never shipped): loaded when it exists and was "
+        "made with the same arguments, else written after training",
+    )
+    ap.add_argument("--train-only", action="store_true", help="train (and cache), then stop")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     data = load_ocr(args.data)
-    costs = profile_templates(data)
-    train = train_ocr(
-        data,
-        costs,
-        chain_words=args.chain_words,
-        policy_words=args.policy_words,
-        max_iter=args.max_iter,
-        log=print,
-    )
+    costs, train = _training(args, data)
+    if args.train_only:
+        return
     folder = TMP / "ocr"
     TMP.mkdir(parents=True, exist_ok=True)
     report = write_ocr_bundle(folder, data, args.data, train, costs)
@@ -343,6 +348,33 @@ def main(argv: list[str] | None = None) -> None:
         bench_s,
         offline,
     )
+
+
+def _training(args: argparse.Namespace, data: OcrData) -> tuple[dict[str, float], Any]:
+    """The template costs and the training, from ``--training-cache`` when it holds a
+    training made with these arguments (the whole-data run takes tens of minutes)."""
+    key = (str(args.data), args.chain_words, args.policy_words, args.max_iter)
+    cache: Path | None = args.training_cache
+    if cache is not None and cache.is_file():
+        with cache.open("rb") as handle:
+            stored = pickle.load(handle)  # our own file, written below
+        if stored["key"] == key:
+            print(f"training loaded from {cache}")
+            return stored["costs"], stored["train"]
+    costs = profile_templates(data)
+    train = train_ocr(
+        data,
+        costs,
+        chain_words=args.chain_words or None,
+        policy_words=args.policy_words or data.n_words,
+        max_iter=args.max_iter,
+        log=print,
+    )
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with cache.open("wb") as handle:
+            pickle.dump({"key": key, "costs": costs, "train": train}, handle)
+    return costs, train
 
 
 def _offline(data: OcrData, train: Any, words: list[int]) -> list[tuple[str, str, float, float]]:

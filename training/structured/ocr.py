@@ -28,8 +28,8 @@ import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from service.chain import policy_inputs_v1
 from service.extractors.letters import hog_batch, pixels_batch
+from service.strategies.chain import policy_inputs_v1
 from training.structured.chain import ChainParams, emissions, pad, viterbi
 from training.structured.problem import ChainProblem
 from training.structured.state import Template, TemplateSet
@@ -248,7 +248,7 @@ def word_problem(
 
 def policy_inputs(pixels: F32, base: F64, pixel_contribution: F64, chain: ChainParams) -> F32:
     """Per-letter policy inputs from S0 (pixels only): the service's recipe
-    ``letters-v1`` (:func:`service.chain.policy_inputs_v1`), the same code."""
+    ``letters-v1`` (:func:`service.strategies.chain.policy_inputs_v1`), the same code."""
     return policy_inputs_v1(pixels, base[None, :] + pixel_contribution, chain)
 
 
