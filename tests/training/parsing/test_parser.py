@@ -66,6 +66,26 @@ def test_chu_liu_edmonds_matches_brute_force(single_root: bool) -> None:
         assert tree_score(scores, heads) == pytest.approx(brute_force(scores, single_root))
 
 
+@pytest.mark.parametrize("single_root", [True, False])
+def test_chu_liu_edmonds_never_takes_a_pruned_arc(single_root: bool) -> None:
+    """Arcs of -inf (pruned by the length filter) are never in the tree while the chain of
+    neighbours keeps every token reachable; the tree is still the best of the others."""
+    rng = np.random.default_rng(11)
+    for _ in range(150):
+        n = int(rng.integers(2, 6))
+        scores = rng.normal(size=(n + 1, n + 1)) * 5
+        pruned = rng.random((n + 1, n + 1)) < 0.6
+        for d in range(1, n + 1):  # neighbours stay (and root -> 1)
+            pruned[d - 1, d] = False
+            if d < n:
+                pruned[d + 1, d] = False
+        scores[pruned] = -np.inf
+        heads = chu_liu_edmonds(scores, single_root=single_root)
+        assert is_tree(heads)
+        assert np.isfinite(tree_score(scores, heads))
+        assert tree_score(scores, heads) == pytest.approx(brute_force(scores, single_root))
+
+
 def test_chu_liu_edmonds_finds_non_projective_trees() -> None:
     # 1 → 3 and 2 → 4 cross; the decoder is not restricted to projective trees.
     n = 4
