@@ -243,9 +243,9 @@ class LengthFilter:
     """The length dictionary of He et al. (2013) and Rush & Petrov (2012), the paper's
     references [7, 13]: ``table[h, d, right]`` is the longest arc training saw from a head
     of tag h to a dependent of tag d in that direction (``right``: the dependent follows
-    its head); a longer arc is never scored. Arcs between neighbours (length 1, root → the
-    first token included) are always kept, so every sentence keeps a tree of kept arcs
-    (the chain root → 1 → 2 → …)."""
+    its head); a longer arc is never scored, and a word that can head no arc of its
+    sentence gets no template at all. The root's arcs are always kept, so every sentence
+    keeps a tree of kept arcs (every token can hang from the root)."""
 
     table: IntArray  # (N_TAGS, N_TAGS, 2)
 
@@ -281,11 +281,25 @@ class LengthFilter:
         return out
 
     def kept(self, sentence: Sentence, head: int, deps: IntArray) -> BoolArray:
-        """Which arcs head → deps the filter keeps."""
+        """Which arcs head → deps the filter keeps (never a word's arc to itself)."""
+        if head == 0:
+            return np.ones(len(deps), dtype=bool)
         tags = sentence.tags
         distance = np.abs(deps - head)
         limit = self.table[tags[head + 1], tags[deps + 1], (deps > head).astype(np.int64)]
-        out: BoolArray = (distance <= limit) | (distance == 1)
+        out: BoolArray = (distance <= limit) & (distance > 0)
+        return out
+
+    def heads(self, sentence: Sentence) -> BoolArray:
+        """Which of heads 0 … n keep at least one arc (the others need no template)."""
+        n = len(sentence)
+        deps = np.arange(1, n + 1)
+        tags = sentence.tags
+        h = np.arange(1, n + 1)[:, None]
+        distance = np.abs(deps[None, :] - h)
+        limit = self.table[tags[h + 1], tags[deps + 1][None, :], (deps[None, :] > h).astype(int)]
+        out = np.ones(n + 1, dtype=bool)
+        out[1:] = ((distance <= limit) & (distance > 0)).any(axis=1)
         return out
 
 
@@ -339,7 +353,8 @@ class _Template:
             deps = np.arange(1, n + 1)
             if self.filter is not None:
                 deps = deps[self.filter.kept(item, self.word, deps)]
-            out[deps] = self.ids(item, deps)
+            if len(deps):
+                out[deps] = self.ids(item, deps)
         return out.reshape(-1)
 
 

@@ -12,8 +12,9 @@ tree in ``tests/training/parsing``.
 
 Pruned arcs (the length-dictionary filter) score ``-inf``: they are never chosen as long as
 some tree of finite arcs exists, which holds when every token can be reached from the root
-through finite arcs (the filter always keeps the arcs between neighbours, so the chain
-root → 1 → 2 → … is one).
+through finite arcs (the filter always keeps the root's arcs). When no tree of finite arcs
+has a single root child, the single-root decode returns the best tree with the fewest root
+children (the penalty on root arcs orders trees by their count first).
 """
 
 from __future__ import annotations

@@ -151,6 +151,15 @@ class ParserSession(Session):
         cost = self.per_feature.get(name, 0.0)
         return affordable(cost + self.decode_cost, obs.remaining, obs.budget)
 
+    def _heads_nothing(self, features: Mapping[str, FloatVector], word: int) -> bool:
+        """Whether ``word``'s ψ^POS is in hand and the length filter kept none of its arcs
+        (all ids -1): its ψ^Lex would score nothing."""
+        pos = features.get(pos_name(word))
+        if pos is None:
+            return False
+        width = len(pos) // (self.rt.spec.max_tokens + 1)
+        return bool((pos[width : (self.n + 1) * width : width] < 0).all())
+
     def step(self, obs: Observation) -> Step:
         features = obs.features
         policy = self.rt.spec.policy
@@ -167,6 +176,9 @@ class ParserSession(Session):
                 queue.pop(0)
             if queue:
                 name = queue[0]
+                if name.startswith("lex@") and self._heads_nothing(features, int(name[4:])):
+                    queue.pop(0)  # the length filter left this word no arc: nothing to upgrade
+                    continue
                 if not self._fits(name, obs):
                     # the budget no longer covers this template and the decode: answer
                     # from what is in hand (heads without ψ^POS score every arc 0)

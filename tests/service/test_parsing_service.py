@@ -301,7 +301,7 @@ def test_the_length_filter_never_scores_a_pruned_arc(
     assert pruned > 0  # the filter pruned arcs in these sentences: the checks above bit
 
 
-def test_the_length_filter_keeps_every_training_arc_and_neighbours() -> None:
+def test_the_length_filter_keeps_every_training_arc_and_the_roots() -> None:
     from service.extractors.parsing import LengthFilter, ParsePOS
 
     sentence = Sentence(
@@ -312,11 +312,17 @@ def test_the_length_filter_keeps_every_training_arc_and_neighbours() -> None:
     deps = np.arange(1, 7)
     for d in deps:  # every training arc is kept
         assert learned.kept(sentence, int(gold[d]), np.asarray([d]))[0]
-    # a determiner heads nothing in training: only its neighbours stay
-    assert learned.kept(sentence, 3, deps).tolist() == [False, True, True, True, False, False]
-    vector = ParsePOS(word=3, max_tokens=8, length_filter=learned.flat()).extract(sentence)
-    rows = vector.reshape(9, -1)
-    assert (rows[[1, 5, 6]] == -1).all() and (rows[[2, 3, 4]] >= 0).all()
+    assert learned.kept(sentence, 0, deps).all()  # the root may head any token
+    # "friend" (NOUN) headed a DET one to its left: only that arc of its stays
+    assert learned.kept(sentence, 4, deps).tolist() == [False, False, True, False, False, False]
+    # a determiner heads nothing in training: no arc, no template to compute
+    assert not learned.kept(sentence, 3, deps).any()
+    assert learned.heads(sentence).tolist() == [True, False, True, False, True, False, False]
+    pruned_word = ParsePOS(word=3, max_tokens=8, length_filter=learned.flat()).extract(sentence)
+    assert (pruned_word == -1).all()
+    rows = ParsePOS(word=4, max_tokens=8, length_filter=learned.flat()).extract(sentence)
+    rows = rows.reshape(9, -1)
+    assert (rows[[1, 2, 4, 5, 6]] == -1).all() and (rows[3] >= 0).all()
     with pytest.raises(ValueError, match="length_filter must be"):
         LengthFilter.of([1, 2, 3])
 

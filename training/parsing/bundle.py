@@ -149,7 +149,11 @@ def profile(
         by["words"][0].append(n)
         by["words"][1].append((time.thread_time() - t0) * 1e3)
         rows = []
-        for word in (0, 1 + n // 2, n):
+        kept = np.ones(n + 1, dtype=bool) if length_filter is None else length_filter.heads(fresh)
+        # words the filter leaves an arc (the others' templates are near-free and their
+        # ψ^Lex is never acquired): the curves are those of the words that cost
+        candidates = [w for w in (1 + n // 2, n, *range(1, n + 1)) if kept[w]]
+        for word in (0, *candidates[:2]):
             for key, cls in (("pos", ParsePOS), ("lex", ParseLex)):
                 plugin = cls(
                     word=word,
@@ -166,7 +170,9 @@ def profile(
         t0 = time.thread_time()
         matrix = np.full((n + 1, n + 1), -np.inf)
         for h in range(n + 1):
-            ids = rows[min(h, 2)].reshape(max_tokens + 1, -1)[1 : n + 1].astype(np.int64)
+            ids = (
+                rows[min(h, len(rows) - 1)].reshape(max_tokens + 1, -1)[1 : n + 1].astype(np.int64)
+            )
             matrix[h, 1:] = np.where(ids[:, 0] >= 0, w64[ids].sum(axis=-1), -np.inf)
         chu_liu_edmonds(matrix + np.random.default_rng(n).normal(size=matrix.shape))
         by["decode"][0].append(n)
