@@ -167,6 +167,21 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         self.names_at = [[f"{n}@{p}" for p in range(spec.max_parts)] for n in self.names]
         self.base_order = [self.names_at[k][p] for p in range(spec.max_parts) for k in self.base_k]
         self.check_policy(width)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run the policy and the decoder once on a blank word, so that the first request
+        does not pay their one-off costs (the chain's cached factors, numpy's first calls)
+        against its budget (the bundle's warm-up runs extractors and models, not these)."""
+        size = min(3, self.spec.max_parts)
+        blank = {
+            self.names_at[k][p]: np.zeros(scorer.dims, dtype=np.float32)
+            for k, scorer in enumerate(self.scorers)
+            for p in range(size)
+        }
+        _, em0, marg0 = self.policy_view(blank, size)
+        self.decode_word(blank, size, (em0, marg0))
+        self.decode_word(blank, size)
 
     def check_policy(self, width: int) -> None:
         """Raise ``BundleError`` when the policy's output does not fit the spec."""
