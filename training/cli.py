@@ -449,7 +449,12 @@ def dag(
 @app.command()
 def ocr(
     data: Annotated[
-        Path, typer.Option("--data", help="ocr-letters.npz of the shared datasets")
+        Path,
+        typer.Option(
+            "--data",
+            help="ocr-letters.npz of the shared datasets, or a folder of word PNGs with "
+            "labels.tsv (FILE<TAB>WORD[<TAB>FOLD]; 16 px high, 8 px per letter, white ink)",
+        ),
     ] = Path("../shared/datasets/ocr-letters/ocr-letters.npz"),
     out: Annotated[Path, typer.Option("--out", help="bundle folder")] = Path("models/ocr"),
     chain_words: Annotated[

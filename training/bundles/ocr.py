@@ -35,7 +35,12 @@ from service.registry import CalibrationSettings, load_bundle
 from training.bundles.writer import bundle_version, provenance, staging
 from training.export.structured import linear_onnx, verify_linear
 from training.structured.ocr import LETTERS, OcrData, load_ocr, word_problem
-from training.structured.ocr_train import OcrTraining, train_ocr
+from training.structured.ocr_train import (
+    DEFAULT_LAMBDAS,
+    DEFAULT_POSITIVE_WEIGHTS,
+    OcrTraining,
+    train_ocr,
+)
 from training.structured.policies import LinearScorer
 
 F32 = npt.NDArray[np.float32]
@@ -126,7 +131,15 @@ class OcrBundleReport:
 
 
 def _fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    """The data's digest: the file's bytes, or a word-image folder's labels and images."""
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    else:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _accuracy(problem: Any, states: list[npt.NDArray[np.bool_]]) -> float:
@@ -144,7 +157,11 @@ def build_ocr_bundle(
     max_iter: int = 150,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    lambdas: tuple[float, ...] | None = None,
+    positive_weights: tuple[float, ...] | None = None,
 ) -> OcrBundleReport:
+    """Build the OCR bundle from ``data_path`` (the ``.npz`` or a word-image folder);
+    ``lambdas`` / ``positive_weights``: the one-shot sweep (None: the trainer's defaults)."""
     say = log or (lambda _m: None)
     data = load_ocr(data_path)
     costs_us = profile_templates(data)
@@ -157,6 +174,8 @@ def build_ocr_bundle(
         max_iter=max_iter,
         seed=seed,
         log=say,
+        lambdas=DEFAULT_LAMBDAS if lambdas is None else lambdas,
+        positive_weights=DEFAULT_POSITIVE_WEIGHTS if positive_weights is None else positive_weights,
     )
     report = write_ocr_bundle(out_dir, data, data_path, train, costs_us)
     o = report.overhead
@@ -213,6 +232,7 @@ def write_ocr_bundle(
     test_inputs = np.concatenate(test_problem.inputs)
     prior = np.bincount(data.labels, minlength=26).astype(np.float64)
     prior /= prior.sum()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     with staging(out_dir) as tmp:
         templates = []
         models = []
