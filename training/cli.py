@@ -462,8 +462,9 @@ def ocr(
         typer.Option("--chain-words", help="training words the chain is fitted on (all: omit)"),
     ] = None,
     policy_words: Annotated[
-        int, typer.Option("--policy-words", help="training words the policies learn on")
-    ] = 1500,
+        int | None,
+        typer.Option("--policy-words", help="training words the policies learn on (all: omit)"),
+    ] = None,
     max_iter: Annotated[
         int, typer.Option("--max-iter", help="iterations of the emission regressions")
     ] = 150,
