@@ -440,6 +440,11 @@ class StructuredOneShotRuntime(
                 )
         self.columns_per_point = cols
         self.points = sorted(spec.points, key=lambda p: p.mean_cost)
+        base = sum(spec.templates[k].cost for k in self.base_k)
+        # each point's expected cost per part, once (a request multiplies by its size)
+        self.per_part = [
+            base + p.mean_cost + spec.decode_cost + spec.policy_cost for p in self.points
+        ]
 
     def expected_cost(self, point: StructuredOperatingPoint, size: int) -> float:
         spec = self.spec
@@ -449,8 +454,8 @@ class StructuredOneShotRuntime(
     def point_for(self, size: int, budget: float) -> StructuredOperatingPoint:
         """The most expensive point whose expected cost for ``size`` parts fits."""
         best = self.points[0]
-        for point in self.points:
-            if self.expected_cost(point, size) <= budget:
+        for point, per_part in zip(self.points, self.per_part, strict=True):
+            if size * per_part <= budget:
                 best = point
         return best
 
