@@ -466,6 +466,7 @@ def _write(
         ),
         policy_words_text=f"the policies on {len(train.policy_words)} training words",
         train_min=f"{train_s / 60:.1f}",
+        train_steps=", ".join(f"{k} {v / 60:.1f} min" for k, v in train.seconds.items()),
         bench_min=f"{bench_s / 60:.1f}",
         parity=f"{max(report.parity.values()):.1e}",
     )
