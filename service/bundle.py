@@ -784,9 +784,11 @@ class ParserPoint(_Strict):
     id: str
     policy_file: BundleFile | None = Field(
         default=None,
-        description="oneshot / anytime: float64 .npy of the linear word policy, shape "
-        "(policy_features + 1,), intercept last; a word scoring > 0 gets ψ^Full (oneshot); "
-        "anytime upgrades words by decreasing score while the budget lasts",
+        description="oneshot / anytime: float64 .npy of the linear word policy, intercept "
+        "last; oneshot: shape (policy_features + 1,), a word scoring > 0 gets ψ^Full; "
+        "anytime: shape (policy_features + 1, T), column t the step policy π_t of Alg. 1 "
+        "(step t upgrades π_t's best word not yet upgraded, π_T every later step; a 1-D "
+        "array is one policy for every step) while the budget lasts",
     )
     threshold: float = Field(
         default=0.0,

@@ -449,7 +449,12 @@ def dag(
 @app.command()
 def ocr(
     data: Annotated[
-        Path, typer.Option("--data", help="ocr-letters.npz of the shared datasets")
+        Path,
+        typer.Option(
+            "--data",
+            help="ocr-letters.npz of the shared datasets, or a folder of word PNGs with "
+            "labels.tsv (FILE<TAB>WORD[<TAB>FOLD]; 16 px high, 8 px per letter, white ink)",
+        ),
     ] = Path("../shared/datasets/ocr-letters/ocr-letters.npz"),
     out: Annotated[Path, typer.Option("--out", help="bundle folder")] = Path("models/ocr"),
     chain_words: Annotated[
@@ -457,8 +462,9 @@ def ocr(
         typer.Option("--chain-words", help="training words the chain is fitted on (all: omit)"),
     ] = None,
     policy_words: Annotated[
-        int, typer.Option("--policy-words", help="training words the policies learn on")
-    ] = 1500,
+        int | None,
+        typer.Option("--policy-words", help="training words the policies learn on (all: omit)"),
+    ] = None,
     max_iter: Annotated[
         int, typer.Option("--max-iter", help="iterations of the emission regressions")
     ] = 150,
@@ -714,10 +720,32 @@ def parser(
             "training; the policies are still learned"
         ),
     ] = None,
+    train: Annotated[
+        Path | None,
+        typer.Option(
+            "--train", help="any CoNLL-U training file, plain or .gz (default: EWT's, --data-dir)"
+        ),
+    ] = None,
+    dev: Annotated[
+        Path | None,
+        typer.Option("--dev", help="any CoNLL-U development file (policies and points)"),
+    ] = None,
+    length_filter: Annotated[
+        bool,
+        typer.Option(
+            "--length-filter/--no-length-filter",
+            help="never score arcs longer than training saw for their head tag, dependent "
+            "tag and direction (the length dictionary of the paper's [7, 13])",
+        ),
+    ] = False,
+    anytime_steps: Annotated[
+        int, typer.Option(min=1, help="anytime per-step policies (Alg. 1)")
+    ] = 20,
 ) -> None:
-    """Build the dependency-parser bundle (paper 004, parsing) from the EWT treebank: the
-    arc-factored parser over random template states, one-shot, anytime, myopic and uniform
-    policies choosing ψ^POS or ψ^Full per word."""
+    """Build the dependency-parser bundle (paper 004, parsing) from a UD treebank (EWT by
+    default, or any CoNLL-U files with --train/--dev): the arc-factored parser over random
+    template states, one-shot, anytime, myopic and uniform policies choosing ψ^POS or
+    ψ^Full per word."""
     from training.parsing.bundle import ParserBuildConfig, build_parser_bundle
 
     if buckets & (buckets - 1):
@@ -732,6 +760,10 @@ def parser(
         policy_sentences=policy_sentences,
         seed=seed,
         weights=weights,
+        train_file=train,
+        dev_file=dev,
+        length_filter=length_filter,
+        anytime_steps=anytime_steps,
     )
     try:
         evaluation = build_parser_bundle(out, config, log=console.print)

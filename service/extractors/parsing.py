@@ -38,6 +38,7 @@ import numpy.typing as npt
 from service.extractors.base import FloatVector
 
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 #: The 17 universal POS tags (UD v2); an item's ``upos`` must be one of them.
 UPOS: tuple[str, ...] = (
@@ -237,15 +238,89 @@ def lex_features(
     return np.stack(feats, axis=-1)
 
 
+@dataclass(frozen=True)
+class LengthFilter:
+    """The length dictionary of He et al. (2013) and Rush & Petrov (2012), the paper's
+    references [7, 13]: ``table[h, d, right]`` is the longest arc training saw from a head
+    of tag h to a dependent of tag d in that direction (``right``: the dependent follows
+    its head); a longer arc is never scored, and a word that can head no arc of its
+    sentence gets no template at all. The root's arcs are always kept, so every sentence
+    keeps a tree of kept arcs (every token can hang from the root)."""
+
+    table: IntArray  # (N_TAGS, N_TAGS, 2)
+
+    SIZE: ClassVar[int] = N_TAGS * N_TAGS * 2
+
+    @classmethod
+    def of(cls, flat: Sequence[int]) -> LengthFilter:
+        """From the flat list of a manifest's extractor params (row-major h, d, right)."""
+        if len(flat) != cls.SIZE or any(not isinstance(v, int) or v < 0 for v in flat):
+            raise ValueError(
+                f"length_filter must be {cls.SIZE} non-negative ints (heads x dependents x "
+                f"direction over {N_TAGS} tags), got {len(flat)} values"
+            )
+        return cls(np.asarray(flat, dtype=np.int64).reshape(N_TAGS, N_TAGS, 2))
+
+    @classmethod
+    def learn(cls, sentences: Sequence[Sentence], heads: Sequence[IntArray]) -> LengthFilter:
+        """The longest gold arc of each (head tag, dependent tag, direction)."""
+        table = np.zeros((N_TAGS, N_TAGS, 2), dtype=np.int64)
+        for sentence, gold in zip(sentences, heads, strict=True):
+            deps = np.arange(1, len(sentence) + 1)
+            h = gold[1:]
+            tags = sentence.tags
+            np.maximum.at(
+                table,
+                (tags[h + 1], tags[deps + 1], (deps > h).astype(np.int64)),
+                np.abs(deps - h),
+            )
+        return cls(table)
+
+    def flat(self) -> list[int]:
+        out: list[int] = self.table.reshape(-1).tolist()
+        return out
+
+    def kept(self, sentence: Sentence, head: int, deps: IntArray) -> BoolArray:
+        """Which arcs head → deps the filter keeps (never a word's arc to itself)."""
+        if head == 0:
+            return np.ones(len(deps), dtype=bool)
+        tags = sentence.tags
+        distance = np.abs(deps - head)
+        limit = self.table[tags[head + 1], tags[deps + 1], (deps > head).astype(np.int64)]
+        out: BoolArray = (distance <= limit) & (distance > 0)
+        return out
+
+    def heads(self, sentence: Sentence) -> BoolArray:
+        """Which of heads 0 … n keep at least one arc (the others need no template)."""
+        n = len(sentence)
+        deps = np.arange(1, n + 1)
+        tags = sentence.tags
+        h = np.arange(1, n + 1)[:, None]
+        distance = np.abs(deps[None, :] - h)
+        limit = self.table[tags[h + 1], tags[deps + 1][None, :], (deps[None, :] > h).astype(int)]
+        out = np.ones(n + 1, dtype=bool)
+        out[1:] = ((distance <= limit) & (distance > 0)).any(axis=1)
+        return out
+
+
 class _Template:
-    """One template for one head word; see the module docstring."""
+    """One template for one head word; see the module docstring. With ``length_filter``
+    (a :class:`LengthFilter`'s flat table), the arcs it prunes are not computed: their
+    rows stay -1, which the parser scores as an arc that does not exist."""
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
     item_kind: ClassVar[str] = "tokens"
     width: ClassVar[int]
 
-    def __init__(self, *, word: int, max_tokens: int, buckets: int = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self,
+        *,
+        word: int,
+        max_tokens: int,
+        buckets: int = DEFAULT_BUCKETS,
+        length_filter: Sequence[int] | None = None,
+    ) -> None:
         if not 0 < max_tokens <= 4096:
             raise ValueError(f"max_tokens must be in 1 … 4096, got {max_tokens}")
         if not 0 <= word <= max_tokens:
@@ -255,12 +330,14 @@ class _Template:
         self.word = word
         self.max_tokens = max_tokens
         self.buckets = buckets
+        self.filter = None if length_filter is None else LengthFilter.of(length_filter)
 
     @property
     def dims(self) -> int:
         return (self.max_tokens + 1) * self.width
 
-    def ids(self, sentence: Sentence) -> IntArray:
+    def ids(self, sentence: Sentence, deps: IntArray) -> IntArray:
+        """Bucket ids (len(deps), width) of the arcs self.word → deps."""
         raise NotImplementedError
 
     def extract(self, item: Any) -> FloatVector:
@@ -273,7 +350,11 @@ class _Template:
             )
         out = np.full((self.max_tokens + 1, self.width), -1.0, dtype=np.float32)
         if self.word <= n:
-            out[1 : n + 1] = self.ids(item)[0]
+            deps = np.arange(1, n + 1)
+            if self.filter is not None:
+                deps = deps[self.filter.kept(item, self.word, deps)]
+            if len(deps):
+                out[deps] = self.ids(item, deps)
         return out.reshape(-1)
 
 
@@ -283,9 +364,9 @@ class ParsePOS(_Template):
     name: ClassVar[str] = "parse_pos"
     width: ClassVar[int] = POS_FEATURES
 
-    def ids(self, sentence: Sentence) -> IntArray:
-        deps = np.arange(1, len(sentence) + 1)
-        return pos_features(sentence, np.asarray([self.word]), deps, self.buckets)
+    def ids(self, sentence: Sentence, deps: IntArray) -> IntArray:
+        out: IntArray = pos_features(sentence, np.asarray([self.word]), deps, self.buckets)[0]
+        return out
 
 
 class ParseLex(_Template):
@@ -294,9 +375,9 @@ class ParseLex(_Template):
     name: ClassVar[str] = "parse_lex"
     width: ClassVar[int] = LEX_FEATURES
 
-    def ids(self, sentence: Sentence) -> IntArray:
-        deps = np.arange(1, len(sentence) + 1)
-        return lex_features(sentence, np.asarray([self.word]), deps, self.buckets)
+    def ids(self, sentence: Sentence, deps: IntArray) -> IntArray:
+        out: IntArray = lex_features(sentence, np.asarray([self.word]), deps, self.buckets)[0]
+        return out
 
 
 def blank_sentence() -> Sentence:

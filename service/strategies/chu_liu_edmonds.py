@@ -9,6 +9,12 @@ a tree with k root edges loses to every tree with fewer, and among the trees wit
 edge the order is unchanged (exact, not a heuristic). That second decode runs only when the
 unconstrained best tree has several root children. Checked against enumerating every
 tree in ``tests/training/parsing``.
+
+Pruned arcs (the length-dictionary filter) score ``-inf``: they are never chosen as long as
+some tree of finite arcs exists, which holds when every token can be reached from the root
+through finite arcs (the filter always keeps the root's arcs). When no tree of finite arcs
+has a single root child, the single-root decode returns the best tree with the fewest root
+children (the penalty on root arcs orders trees by their count first).
 """
 
 from __future__ import annotations
@@ -85,9 +91,8 @@ def chu_liu_edmonds(scores: FloatMatrix, *, single_root: bool = True) -> IntVect
     heads = _mst(s)
     if not single_root or m <= 2 or int((heads[1:] == 0).sum()) == 1:
         return heads  # the best tree has one root child: it is the best such tree too
-    finite = s[1:, 1:][~np.eye(m - 1, dtype=bool)]
-    low = min(float(finite.min()) if finite.size else 0.0, float(s[0, 1:].min()))
-    high = max(float(finite.max()) if finite.size else 0.0, float(s[0, 1:].max()))
+    finite = s[np.isfinite(s)]  # the diagonal, the root column and pruned arcs are -inf
+    low, high = float(finite.min()), float(finite.max())
     s[0, 1:] -= (m - 1) * (high - low) + 1.0
     return _mst(s)
 

@@ -11,16 +11,20 @@ Policies (``ParserStrategy.policy``), each over the same generic "parts × templ
 
 * ``oneshot``: a linear policy on each word's features picks the ψ^Full words before any
   template is computed (the paper's one-shot policy, trained on pseudo-labels);
-* ``anytime``: all words start at ψ^POS, then words are upgraded by decreasing policy score
-  while the measured budget lasts (the paper's Alg. 2, one score shared by all steps);
+* ``anytime``: all words start at ψ^POS, then Alg. 2: at step t, the step's policy π_t
+  (trained in sequence by Alg. 1, one linear scorer per step, the last one for every
+  later step) upgrades its best word not yet upgraded, while the measured budget lasts;
 * ``myopic``: parse with ψ^POS everywhere; when the mean margin of the heads is below the
   point's threshold, ψ^Full for every word and parse again (two decodes);
 * ``uniform-word`` / ``uniform-sentence``: ψ^Full per word / per sentence with the point's
   probability (seeded by the sentence's content, so a sentence always gets the same draw).
 
-Budgets are hard caps as in the other runtimes: a ψ^Lex acquisition that no longer fits
-(with the decode still to pay) is skipped, and once the measured time passes the budget the
-serving loop's fallback decodes from what is in hand (a word with no template scores 0).
+Budgets are hard caps as in the other runtimes: no acquisition starts (the policy's
+``words``, a ψ^POS or a ψ^Lex) whose predicted cost, with the decode still to pay, no longer
+fits what is left; the session then decodes from what is in hand (a head with no template
+scores every arc 0). So a request overruns its budget by at most the misprediction of its
+last acquisition and of the decode. Arcs pruned by the bundle's length filter (their ψ^POS
+ids are -1) score -inf and are never chosen.
 """
 
 from __future__ import annotations
@@ -63,6 +67,21 @@ def lex_name(word: int) -> str:
     return f"lex@{word}"
 
 
+def mean_margin(matrix: FloatArray) -> float:
+    """The myopic policy's confidence: the mean over tokens of (best − second best) head
+    score. A token whose other heads were all pruned (length filter) is as sure as the
+    surest token of the sentence; a one-token sentence is sure."""
+    n = matrix.shape[0] - 1
+    if n < 2:
+        return float("inf")
+    ordered = np.sort(matrix[:, 1:], axis=0)
+    margins = ordered[-1] - ordered[-2]
+    finite = np.isfinite(margins)
+    if not finite.all():
+        margins[~finite] = margins[finite].max() if finite.any() else 0.0
+    return float(margins.mean())
+
+
 @dataclass(frozen=True, slots=True)
 class ParseAnswer(Answer):
     """The answer of a parser session: the tree and how it was reached."""
@@ -88,6 +107,8 @@ class ParserSession(Session):
         self.rt = runtime
         self.point = point
         self.n = n
+        self.per_feature = per_feature
+        self.stopped_by_budget = False
         self.lex_cost = per_feature.get(lex_name(1), 0.0)
         self.decode_cost = runtime.spec.decode_cost(n)
         self.plan = _Plan()
@@ -103,12 +124,12 @@ class ParserSession(Session):
         """Fill the queue once the policy's inputs are in hand."""
         rt, n, policy = self.rt, self.n, self.rt.spec.policy
         pos = [pos_name(i) for i in range(n + 1)]
-        if policy in ("oneshot", "anytime"):
+        if policy == "oneshot":
             scores = rt.word_scores(self.point, features[WORDS], n)
             order = [int(i) + 1 for i in np.argsort(-scores, kind="stable")]
-            if policy == "oneshot":
-                order = [w for w in order if scores[w - 1] > 0]
-            self.plan.chosen = order
+            self.plan.chosen = [w for w in order if scores[w - 1] > 0]
+        elif policy == "anytime":
+            self.plan.chosen = rt.anytime_order(rt.word_scores(self.point, features[WORDS], n))
         self.plan.queue = pos + [lex_name(w) for w in self.plan.chosen]
         self.plan.decided = True
 
@@ -123,11 +144,30 @@ class ParserSession(Session):
         self.plan.chosen = [int(i) + 1 for i in np.flatnonzero(picked)]
         self.plan.queue = [lex_name(w) for w in self.plan.chosen]
 
+    def _fits(self, name: str, obs: Observation) -> bool:
+        """Whether acquiring ``name`` and then decoding fit in what is left: the session
+        never starts an acquisition that cannot, so a request overruns its budget by at most
+        the misprediction of its last acquisition and of the decode."""
+        cost = self.per_feature.get(name, 0.0)
+        return affordable(cost + self.decode_cost, obs.remaining, obs.budget)
+
+    def _heads_nothing(self, features: Mapping[str, FloatVector], word: int) -> bool:
+        """Whether ``word``'s ψ^POS is in hand and the length filter kept none of its arcs
+        (all ids -1): its ψ^Lex would score nothing."""
+        pos = features.get(pos_name(word))
+        if pos is None:
+            return False
+        width = len(pos) // (self.rt.spec.max_tokens + 1)
+        return bool((pos[width : (self.n + 1) * width : width] < 0).all())
+
     def step(self, obs: Observation) -> Step:
         features = obs.features
         policy = self.rt.spec.policy
         if not self.plan.decided:
             if policy in ("oneshot", "anytime") and WORDS not in features:
+                if not self._fits(WORDS, obs):
+                    self.stopped_by_budget = True
+                    return self._answer(features)
                 return Acquire(WORDS)
             self._decide(features)
         while True:
@@ -136,10 +176,16 @@ class ParserSession(Session):
                 queue.pop(0)
             if queue:
                 name = queue[0]
-                if name.startswith("lex@") and not affordable(
-                    self.lex_cost + self.decode_cost, obs.remaining, obs.budget
-                ):
-                    queue.clear()  # the budget no longer covers an upgrade and the decode
+                if name.startswith("lex@") and self._heads_nothing(features, int(name[4:])):
+                    queue.pop(0)  # the length filter left this word no arc: nothing to upgrade
+                    continue
+                if not self._fits(name, obs):
+                    # the budget no longer covers this template and the decode: answer
+                    # from what is in hand (heads without ψ^POS score every arc 0)
+                    queue.clear()
+                    self.stopped_by_budget = True
+                    if name.startswith("pos@"):
+                        return self._answer(features)
                     continue
                 return Acquire(name)
             if not self.drawn and pos_name(1) in features:
@@ -162,9 +208,9 @@ class ParserSession(Session):
         """Mean over words of (best - second best) head score with the templates in hand."""
         t0 = time.perf_counter()
         matrix, _ = self.rt.score_matrix(features, self.n)
-        ordered = np.sort(matrix[:, 1:], axis=0)
+        margin = mean_margin(matrix)
         self.decode_ms += (time.perf_counter() - t0) * 1000.0
-        return float(np.mean(ordered[-1] - ordered[-2])) if self.n > 1 else float("inf")
+        return margin
 
     def _answer(self, features: Mapping[str, FloatVector]) -> ParseAnswer:
         t0 = time.perf_counter()
@@ -196,6 +242,7 @@ class ParserSession(Session):
             "policy_full": sorted(self.plan.chosen),
             "root_template": "pos",
             "myopic_margin": self.myopic_margin,
+            "stopped_by_budget": self.stopped_by_budget,
             "decode_ms": self.decode_ms,
         }
 
@@ -224,35 +271,65 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
                         f"parser strategy {spec.name!r}: point {point.id!r} has no policy_file"
                     )
                 self.policies[point.id] = self._load(
-                    point.policy_file, f"policy of {point.id!r}", (POLICY_FEATURES + 1,)
+                    point.policy_file,
+                    f"policy of {point.id!r}",
+                    (POLICY_FEATURES + 1,) if spec.policy == "oneshot" else None,
                 )
         # Most accurate first; ``choose`` takes the first whose expected cost fits.
         self.points = sorted(spec.points, key=lambda p: (-p.uas, p.full_fraction))
 
-    def _load(self, file: str, what: str, shape: tuple[int, ...]) -> FloatArray:
+    def _load(self, file: str, what: str, shape: tuple[int, ...] | None) -> FloatArray:
+        """A float .npy of the bundle; ``shape`` None: an anytime policy, (features + 1,) or
+        (features + 1, T) for Alg. 1's T per-step policies."""
         assert self.bundle_dir is not None
         path = bundle_file(self.bundle_dir, file, f"parser strategy {self.spec.name!r}: {what}")
         try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise BundleError(f"{what}: cannot read {file!r}: {exc}") from exc
-        if array.shape != shape or not np.all(np.isfinite(array)):
-            raise BundleError(f"{what}: {file!r} has shape {array.shape}, expected {shape}")
+        if shape is None:
+            if array.ndim == 1:
+                array = array[:, None]
+            ok = array.ndim == 2 and array.shape[0] == POLICY_FEATURES + 1 and array.shape[1] > 0
+            expected = f"({POLICY_FEATURES + 1},) or ({POLICY_FEATURES + 1}, steps)"
+        else:
+            ok = array.shape == shape
+            expected = str(shape)
+        if not ok or not np.all(np.isfinite(array)):
+            raise BundleError(f"{what}: {file!r} has shape {array.shape}, expected {expected}")
         return np.asarray(array, dtype=np.float64)
 
     def word_scores(self, point: ParserPoint, words: FloatVector, n: int) -> FloatArray:
+        """The policy's scores of the n words: (n,) one-shot, (n, T) anytime (step t's
+        policy in column t)."""
         coef = self.policies[point.id]
         x = words.reshape(-1, POLICY_FEATURES)[:n].astype(np.float64)
         scores: FloatArray = x @ coef[:-1] + coef[-1]
         return scores
 
+    @staticmethod
+    def anytime_order(scores: FloatArray) -> list[int]:
+        """Alg. 2's order (1-based words): at step t, π_t's best word not yet upgraded
+        (the last policy for every step past T); ties go to the first word."""
+        n, steps = scores.shape
+        left = np.ones(n, dtype=bool)
+        order = []
+        for t in range(n):
+            col = np.where(left, scores[:, min(t, steps - 1)], -np.inf)
+            w = int(np.argmax(col))
+            left[w] = False
+            order.append(w + 1)
+        return order
+
     def score_matrix(
         self, features: Mapping[str, FloatVector], n: int
     ) -> tuple[FloatArray, list[str]]:
-        """Edge scores from the templates in hand, and each head's template."""
+        """Edge scores from the templates in hand, and each head's template. An arc whose
+        ψ^POS ids are -1 was pruned by the bundle's length filter: -inf (never chosen)."""
         m = self.spec.max_tokens + 1
         matrix = np.full((n + 1, n + 1), -np.inf)
         templates = []
+        weights = self.weights
         for h in range(n + 1):
             pos = features.get(pos_name(h))
             lex = features.get(lex_name(h)) if h else None
@@ -261,12 +338,11 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
                 templates.append("none")
                 continue
             ids = pos.reshape(m, -1)[1 : n + 1].astype(np.int64)
-            row = self.weights[ids].sum(axis=-1)
+            row = weights[ids].sum(axis=-1)
             if lex is not None:
-                row = row + self.weights[lex.reshape(m, -1)[1 : n + 1].astype(np.int64)].sum(
-                    axis=-1
-                )
-            matrix[h, 1:] = row
+                row += weights[lex.reshape(m, -1)[1 : n + 1].astype(np.int64)].sum(axis=-1)
+            kept = ids[:, 0] >= 0
+            matrix[h, 1:] = np.where(kept, row, -np.inf) if not kept.all() else row
             templates.append("full" if lex is not None else "pos")
         return matrix, templates
 

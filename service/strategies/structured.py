@@ -46,7 +46,6 @@ from service.bundle import (
     StructuredOperatingPoint,
     _StructuredStrategy,
 )
-from service.chain import ChainParams, marginals_one, policy_inputs_v1, viterbi_one
 from service.errors import BundleError
 from service.inference import open_onnx
 from service.strategies.base import (
@@ -59,6 +58,12 @@ from service.strategies.base import (
     affordable,
     register_strategy,
 )
+from service.strategies.chain import (
+    ChainParams,
+    marginals_one,
+    policy_inputs_v1,
+    viterbi_one,
+)
 from service.types import FloatVector
 
 F32 = npt.NDArray[np.float32]
@@ -67,8 +72,24 @@ F64 = npt.NDArray[np.float64]
 StructT = TypeVar("StructT", bound=_StructuredStrategy, default=_StructuredStrategy)
 
 
+# The affine map of a linear scorer is read off its ONNX graph with the unit rows and then
+# checked on these many rows of random inputs (see :class:`_Scorer`).
+_CHECK_ROWS = 16
+# How far (relative to the largest score of the check) numpy's scores of the map read off
+# may stray from the graph's float32 scores; float32 rounding is ~1e-6 of that.
+_AFFINE_TOLERANCE = 1e-4
+
+
 class _Scorer:
-    """An ONNX model (n, d) -> (n, c) run on a batch of parts."""
+    """An ONNX model (n, d) -> (n, c) run on a batch of parts.
+
+    Every scorer the OCR builder writes is affine (``x @ W + b``, standardisation folded
+    in or not), and an ONNX call costs more than the product itself on a word's few parts.
+    So at load the scorer evaluates the graph once on the zero row and the d unit rows,
+    which gives ``b`` and ``W`` exactly up to float32 rounding, and checks the map on random
+    rows against the graph: when it agrees (to 1e-4 of the scores' scale), parts are scored
+    by ``x @ W + b`` in numpy; a graph that is not affine keeps being run through ONNX
+    Runtime. The graph stays the bundle's truth either way."""
 
     def __init__(self, session: ort.InferenceSession, what: str, dims: int) -> None:
         self.session = session
@@ -76,11 +97,37 @@ class _Scorer:
         self.outputs = [session.get_outputs()[0].name]
         self.dims = dims
         self.what = what
+        self.affine = self._read_affine()
 
-    def __call__(self, x: F32) -> F64:
+    def run_graph(self, x: F32) -> F64:
         feed = {self.input: np.ascontiguousarray(x, dtype=np.float32)}
         out = self.session.run(self.outputs, feed)[0]
         return np.asarray(out, dtype=np.float64)
+
+    def _read_affine(self) -> tuple[F64, F64] | None:
+        d = self.dims
+        probe = np.zeros((d + 1, d), dtype=np.float32)
+        probe[1:] = np.eye(d, dtype=np.float32)
+        out = self.run_graph(probe)
+        if out.ndim != 2 or out.shape[0] != d + 1:
+            return None
+        bias = out[0]
+        weight = np.ascontiguousarray(out[1:] - bias)
+        check = np.random.default_rng(0).random((_CHECK_ROWS, d)).astype(np.float32)
+        check[: _CHECK_ROWS // 2] = check[: _CHECK_ROWS // 2] > 0.5  # binary rows as well
+        truth = self.run_graph(check)
+        scale = max(1.0, float(np.abs(truth).max()))
+        if float(np.abs(check @ weight + bias - truth).max()) > _AFFINE_TOLERANCE * scale:
+            return None
+        return weight, bias
+
+    def __call__(self, x: F32) -> F64:
+        if self.affine is None:
+            return self.run_graph(x)
+        weight, bias = self.affine
+        out: F64 = x @ weight
+        out += bias
+        return out
 
 
 class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
@@ -120,6 +167,21 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         self.names_at = [[f"{n}@{p}" for p in range(spec.max_parts)] for n in self.names]
         self.base_order = [self.names_at[k][p] for p in range(spec.max_parts) for k in self.base_k]
         self.check_policy(width)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run the policy and the decoder once on a blank word, so that the first request
+        does not pay their one-off costs (the chain's cached factors, numpy's first calls)
+        against its budget (the bundle's warm-up runs extractors and models, not these)."""
+        size = min(3, self.spec.max_parts)
+        blank = {
+            self.names_at[k][p]: np.zeros(scorer.dims, dtype=np.float32)
+            for k, scorer in enumerate(self.scorers)
+            for p in range(size)
+        }
+        _, em0, marg0 = self.policy_view(blank, size)
+        self.decode_word(blank, size, (em0, marg0))
+        self.decode_word(blank, size)
 
     def check_policy(self, width: int) -> None:
         """Raise ``BundleError`` when the policy's output does not fit the spec."""
@@ -129,20 +191,29 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
 
     # -- what both sessions share
 
-    def s0_emission(self, features: Mapping[str, FloatVector], size: int) -> F64:
-        em = np.repeat(self.base[None, :], size, axis=0)
-        for k in self.base_k:
-            names = self.names_at[k]
-            x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
-            em += self.scorers[k](x)
+    def gather(self, features: Mapping[str, FloatVector], k: int, size: int) -> F32:
+        """Template ``k`` of parts 0 … size-1 as one (size, dims) array."""
+        names = self.names_at[k]
+        return np.array([features[names[p]] for p in range(size)], dtype=np.float32)
+
+    def s0_emission(
+        self, features: Mapping[str, FloatVector], size: int, first: F32 | None = None
+    ) -> F64:
+        """The word's emission scores (size, Y) in S0, one scorer call per base template
+        over the whole word; ``first``: the first base template's gathered features."""
+        em = self.base + self.scorers[self.base_k[0]](
+            self.gather(features, self.base_k[0], size) if first is None else first
+        )
+        for k in self.base_k[1:]:
+            em += self.scorers[k](self.gather(features, k, size))
         return em
 
     def policy_view(self, features: Mapping[str, FloatVector], size: int) -> tuple[F64, F64, F64]:
         """The policy's scores (parts, columns) from S0, with the S0 emission and its chain
-        marginals (which decoding reuses)."""
-        names = self.names_at[self.base_k[0]]
-        base_x = np.array([features[names[p]] for p in range(size)], dtype=np.float32)
-        em0 = self.s0_emission(features, size)
+        marginals (which decoding reuses): the whole word at once, a fixed number of array
+        operations besides the chain's passes."""
+        base_x = self.gather(features, self.base_k[0], size)
+        em0 = self.s0_emission(features, size, base_x)
         marg0 = marginals_one(em0, self.chain)
         inputs = policy_inputs_v1(base_x, em0, self.chain, marg0)
         return self.policy(inputs), em0, marg0
@@ -369,6 +440,11 @@ class StructuredOneShotRuntime(
                 )
         self.columns_per_point = cols
         self.points = sorted(spec.points, key=lambda p: p.mean_cost)
+        base = sum(spec.templates[k].cost for k in self.base_k)
+        # each point's expected cost per part, once (a request multiplies by its size)
+        self.per_part = [
+            base + p.mean_cost + spec.decode_cost + spec.policy_cost for p in self.points
+        ]
 
     def expected_cost(self, point: StructuredOperatingPoint, size: int) -> float:
         spec = self.spec
@@ -378,8 +454,8 @@ class StructuredOneShotRuntime(
     def point_for(self, size: int, budget: float) -> StructuredOperatingPoint:
         """The most expensive point whose expected cost for ``size`` parts fits."""
         best = self.points[0]
-        for point in self.points:
-            if self.expected_cost(point, size) <= budget:
+        for point, per_part in zip(self.points, self.per_part, strict=True):
+            if size * per_part <= budget:
                 best = point
         return best
 

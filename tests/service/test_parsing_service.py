@@ -141,7 +141,9 @@ def test_anytime_upgrades_in_policy_order_and_answers_at_any_budget(
     assert (
         rich["decision"]["heads"] == problem.parse(list(range(1, len(sentence) + 1)))[1:].tolist()
     )
-    # A budget already spent: the serving loop's fallback still answers with a tree.
+    assert spec.points[0].id.startswith("anytime-T")  # Alg. 1's per-step policies
+    assert coef.ndim == 2 and coef.shape[1] > 1
+    # A budget that buys nothing: the session answers at once, still with a tree.
     poor = client.post("/predict", json=body(sentence, 1e-6, "anytime"))
     assert poor.status_code == 200, poor.text
     heads = poor.json()["decision"]["heads"]
@@ -244,3 +246,111 @@ def test_duplicate_parser_point_ids_are_refused(parser_bundle_dir: Path) -> None
     with pytest.raises(ValidationError) as caught:
         Manifest.model_validate(raw)
     assert "duplicate point ids" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def filtered_bundle_dir(parser_bundle_dir: Path) -> Path:
+    """The same parser (its weights reused) with the length-dictionary filter."""
+    from training.parsing.bundle import ParserBuildConfig, build_parser_bundle
+
+    out = parser_bundle_dir.parent.parent / "filtered" / "ewt-parser"
+    config = ParserBuildConfig(
+        name="ewt-parser",
+        data_dir=EWT,
+        train_limit=1000,
+        max_tokens=MAX_TOKENS,
+        buckets=1 << 18,
+        policy_sentences=120,
+        calibration_limit=60,
+        weights=parser_bundle_dir / "weights.npy",
+        length_filter=True,
+        anytime_steps=3,
+    )
+    build_parser_bundle(out, config, log=lambda _: None)
+    return out
+
+
+def test_the_length_filter_never_scores_a_pruned_arc(
+    filtered_bundle_dir: Path, held_out: list[tuple[Sentence, np.ndarray]]
+) -> None:
+    """The filtered templates leave pruned arcs uncomputed (-1 ids), the served tree never
+    takes one, and it is the tree the trainer parses with the same filter."""
+    from service.extractors.parsing import LengthFilter
+    from training.parsing.policies import oneshot_words, parse_problems
+
+    manifest = read_manifest(filtered_bundle_dir)
+    params = next(e.params for e in manifest.extractors if e.name == "pos@1")
+    length_filter = LengthFilter.of(params["length_filter"])
+    parser, spec = trained(filtered_bundle_dir, "oneshot")
+    best = max(spec.points, key=lambda p: (p.uas, -p.full_fraction))
+    coef = np.load(filtered_bundle_dir / str(best.policy_file))
+    settings = Settings(models_dir=filtered_bundle_dir.parent)
+    pruned = 0
+    with TestClient(create_app(settings, cache=InProcessCache(1 << 24))) as client:
+        for sentence, gold in held_out[:10]:
+            n = len(sentence)
+            deps = np.arange(1, n + 1)
+            served = client.post("/predict", json=body(sentence, 10_000.0, "oneshot")).json()
+            heads = np.asarray(served["decision"]["heads"])
+            for d, h in zip(deps, heads, strict=True):
+                assert length_filter.kept(sentence, int(h), np.asarray([d]))[0], (d, h)
+            for h in range(n + 1):
+                pruned += int((~length_filter.kept(sentence, h, deps)).sum())
+            problem = parse_problems(parser, [sentence], [gold], length_filter)[0]
+            assert heads.tolist() == problem.parse(oneshot_words(problem, coef))[1:].tolist()
+    assert pruned > 0  # the filter pruned arcs in these sentences: the checks above bit
+
+
+def test_the_length_filter_keeps_every_training_arc_and_the_roots() -> None:
+    from service.extractors.parsing import LengthFilter, ParsePOS
+
+    sentence = Sentence(
+        ["I", "saw", "a", "friend", "today", "."], ["PRON", "VERB", "DET", "NOUN", "NOUN", "PUNCT"]
+    )
+    gold = np.asarray([-1, 2, 0, 4, 2, 2, 2])
+    learned = LengthFilter.learn([sentence], [gold])
+    deps = np.arange(1, 7)
+    for d in deps:  # every training arc is kept
+        assert learned.kept(sentence, int(gold[d]), np.asarray([d]))[0]
+    assert learned.kept(sentence, 0, deps).all()  # the root may head any token
+    # "friend" (NOUN) headed a DET one to its left: only that arc of its stays
+    assert learned.kept(sentence, 4, deps).tolist() == [False, False, True, False, False, False]
+    # a determiner heads nothing in training: no arc, no template to compute
+    assert not learned.kept(sentence, 3, deps).any()
+    assert learned.heads(sentence).tolist() == [True, False, True, False, True, False, False]
+    pruned_word = ParsePOS(word=3, max_tokens=8, length_filter=learned.flat()).extract(sentence)
+    assert (pruned_word == -1).all()
+    rows = ParsePOS(word=4, max_tokens=8, length_filter=learned.flat()).extract(sentence)
+    rows = rows.reshape(9, -1)
+    assert (rows[[1, 2, 4, 5, 6]] == -1).all() and (rows[3] >= 0).all()
+    with pytest.raises(ValueError, match="length_filter must be"):
+        LengthFilter.of([1, 2, 3])
+
+
+@pytest.mark.parametrize("strategy", ["anytime", "oneshot", "myopic"])
+def test_no_acquisition_starts_that_the_budget_cannot_pay_with_the_decode(
+    parser_bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
+) -> None:
+    """Charged each template's predicted cost (no misprediction), a session never overruns:
+    what it acquired plus the decode fits every budget, from nothing to everything."""
+    from service.execution import DeclaredCost, ExtractorSource, run_session
+    from service.registry import load_bundle
+
+    bundle = load_bundle(parser_bundle_dir, 1 << 20)
+    runtime = bundle.strategy(strategy)
+    sentence, _ = held_out[2]
+    n = len(sentence)
+    per_feature = runtime.costs.at(n)
+    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
+    names = ["words", *(f"pos@{i}" for i in range(n + 1)), *(f"lex@{i}" for i in range(1, n + 1))]
+    everything = sum(per_feature[name] for name in names) + decode
+    sizes = set()
+    for budget in np.linspace(0.0, everything, 40)[1:]:
+        meter = DeclaredCost(per_feature)
+        run = run_session(
+            runtime, n, float(budget), {}, ExtractorSource(bundle.extractors, sentence), meter
+        )
+        if run.acquired:
+            assert meter.spent() + decode <= budget + 1e-9, (budget, sorted(run.acquired))
+        sizes.add(len(run.acquired))
+    assert len(sizes) > 3  # budgets bought different amounts: the bound was tested

@@ -35,7 +35,12 @@ from service.registry import CalibrationSettings, load_bundle
 from training.bundles.writer import bundle_version, provenance, staging
 from training.export.structured import linear_onnx, verify_linear
 from training.structured.ocr import LETTERS, OcrData, load_ocr, word_problem
-from training.structured.ocr_train import OcrTraining, train_ocr
+from training.structured.ocr_train import (
+    DEFAULT_LAMBDAS,
+    DEFAULT_POSITIVE_WEIGHTS,
+    OcrTraining,
+    train_ocr,
+)
 from training.structured.policies import LinearScorer
 
 F32 = npt.NDArray[np.float32]
@@ -63,11 +68,15 @@ class ServedOverhead:
     """What a served request spends per letter besides extracting templates, in µs (medians
     over words): ``policy_us`` the policy (its inputs with one forward-backward, its
     scorer), ``decode_us`` the rest (the request loop, the emission scorers, Viterbi and the
-    marginals). ``per_word`` keeps every word's (letters, policy µs, rest µs)."""
+    marginals): what the runtimes reserve. ``answer_us`` is the decoding alone (the session's
+    ``decode``: the emission scorers, Viterbi and the marginals, the whole word at once), so
+    ``decode_us - answer_us`` is the request loop's bookkeeping. ``per_word`` keeps every
+    word's (letters, policy µs, rest µs)."""
 
     policy_us: float
     decode_us: float
     per_word: tuple[tuple[int, float, float], ...] = ()
+    answer_us: float = 0.0
 
     @property
     def total_us(self) -> float:
@@ -86,6 +95,7 @@ def profile_served(
     bundle = load_bundle(folder, 1 << 22, CalibrationSettings(enabled=False))
     runtimes = [bundle.strategy(s.name) for s in bundle.manifest.strategies]
     samples: list[tuple[int, float, float]] = []
+    answers: list[float] = []
     for _ in range(repeats):
         for w in words:
             letters = np.ascontiguousarray(data.letters[data.word(w)], dtype=np.float32)
@@ -95,8 +105,11 @@ def profile_served(
                 meter = MeasuredCost(start, bundle.calibrator, size)
                 source = ExtractorSource(bundle.extractors, letters)
                 run = run_session(runtime, size, 1e9, {}, source, meter)
+                t_answer = time.perf_counter()
                 run.session.decode(run.features)
-                total_ms = (time.perf_counter() - start) * 1000.0
+                end = time.perf_counter()
+                answers.append((end - t_answer) * 1e6 / size)
+                total_ms = (end - start) * 1000.0
                 policy_ms = float(getattr(run.session, "policy_ms", 0.0))
                 rest_ms = total_ms - sum(run.acquire_ms.values()) - policy_ms
                 samples.append((size, policy_ms * 1000.0, rest_ms * 1000.0))
@@ -104,6 +117,7 @@ def profile_served(
         policy_us=float(np.median([pol / n for n, pol, _ in samples])),
         decode_us=float(np.median([rest / n for n, _, rest in samples])),
         per_word=tuple(samples),
+        answer_us=float(np.median(answers)),
     )
 
 
@@ -117,7 +131,15 @@ class OcrBundleReport:
 
 
 def _fingerprint(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    """The data's digest: the file's bytes, or a word-image folder's labels and images."""
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    else:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _accuracy(problem: Any, states: list[npt.NDArray[np.bool_]]) -> float:
@@ -131,11 +153,15 @@ def build_ocr_bundle(
     data_path: Path,
     *,
     chain_words: int | None = None,
-    policy_words: int = 1500,
+    policy_words: int | None = None,
     max_iter: int = 150,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    lambdas: tuple[float, ...] | None = None,
+    positive_weights: tuple[float, ...] | None = None,
 ) -> OcrBundleReport:
+    """Build the OCR bundle from ``data_path`` (the ``.npz`` or a word-image folder);
+    ``lambdas`` / ``positive_weights``: the one-shot sweep (None: the trainer's defaults)."""
     say = log or (lambda _m: None)
     data = load_ocr(data_path)
     costs_us = profile_templates(data)
@@ -144,10 +170,12 @@ def build_ocr_bundle(
         data,
         costs_us,
         chain_words=chain_words,
-        policy_words=policy_words,
+        policy_words=data.n_words if policy_words is None else policy_words,
         max_iter=max_iter,
         seed=seed,
         log=say,
+        lambdas=DEFAULT_LAMBDAS if lambdas is None else lambdas,
+        positive_weights=DEFAULT_POSITIVE_WEIGHTS if positive_weights is None else positive_weights,
     )
     report = write_ocr_bundle(out_dir, data, data_path, train, costs_us)
     o = report.overhead
@@ -204,6 +232,7 @@ def write_ocr_bundle(
     test_inputs = np.concatenate(test_problem.inputs)
     prior = np.bincount(data.labels, minlength=26).astype(np.float64)
     prior /= prior.sum()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     with staging(out_dir) as tmp:
         templates = []
         models = []

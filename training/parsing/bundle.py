@@ -38,6 +38,7 @@ from service.bundle import (
 )
 from service.extractors.parsing import (
     POLICY_FEATURES,
+    LengthFilter,
     ParseLex,
     ParsePOS,
     ParseWords,
@@ -45,11 +46,12 @@ from service.extractors.parsing import (
 )
 from service.strategies.chu_liu_edmonds import chu_liu_edmonds
 from training.bundles.writer import bundle_version, provenance, staging
-from training.parsing.data import DEFAULT_DIR, Treebank, read_split, uas
+from training.parsing.data import DEFAULT_DIR, Treebank, read_conllu, read_split, split_path, uas
 from training.parsing.parser import ArcFactoredParser
 from training.parsing.policies import (
     ParseProblem,
     Trajectory,
+    fit_anytime_steps,
     fit_word_policy,
     greedy_trajectory,
     oneshot_words,
@@ -75,6 +77,16 @@ class ParserBuildConfig:
     calibration_limit: int | None = None  # dev sentences the points are measured on (None: rest)
     seed: int = 0
     weights: Path | None = None  # reuse trained edge weights (a float32 .npy) instead of training
+    # Any CoNLL-U files (plain or gzip); None: the EWT split of that name in data_dir.
+    train_file: Path | None = None
+    dev_file: Path | None = None
+    # Prune arcs longer than training saw for their (head tag, dependent tag, direction).
+    length_filter: bool = False
+    anytime_steps: int = 20  # Alg. 1's per-step policies (the last serves every later step)
+
+    def path(self, split: str) -> Path:
+        chosen = {"train": self.train_file, "dev": self.dev_file}.get(split)
+        return chosen if chosen is not None else split_path(split, self.data_dir)
 
 
 def _uas_of(
@@ -115,7 +127,11 @@ def _labels(problems: Sequence[ParseProblem], chosen: Sequence[Sequence[int]]) -
 
 
 def profile(
-    sentences: Sequence[Sentence], weights: np.ndarray, max_tokens: int, buckets: int
+    sentences: Sequence[Sentence],
+    weights: np.ndarray,
+    max_tokens: int,
+    buckets: int,
+    length_filter: LengthFilter | None = None,
 ) -> dict[str, CostPolynomial]:
     """Median time per extraction of each template (per head word) and of scoring plus
     decoding, by sentence length, fitted as cost curves (ms). CPU time of this thread, not
@@ -133,9 +149,18 @@ def profile(
         by["words"][0].append(n)
         by["words"][1].append((time.thread_time() - t0) * 1e3)
         rows = []
-        for word in (0, 1 + n // 2, n):
+        kept = np.ones(n + 1, dtype=bool) if length_filter is None else length_filter.heads(fresh)
+        # words the filter leaves an arc (the others' templates are near-free and their
+        # ψ^Lex is never acquired): the curves are those of the words that cost
+        candidates = [w for w in (1 + n // 2, n, *range(1, n + 1)) if kept[w]]
+        for word in (0, *candidates[:2]):
             for key, cls in (("pos", ParsePOS), ("lex", ParseLex)):
-                plugin = cls(word=word, max_tokens=max_tokens, buckets=buckets)
+                plugin = cls(
+                    word=word,
+                    max_tokens=max_tokens,
+                    buckets=buckets,
+                    length_filter=None if length_filter is None else length_filter.flat(),
+                )
                 t0 = time.thread_time()
                 vector = plugin.extract(fresh)
                 by[key][0].append(n)
@@ -145,8 +170,10 @@ def profile(
         t0 = time.thread_time()
         matrix = np.full((n + 1, n + 1), -np.inf)
         for h in range(n + 1):
-            ids = rows[min(h, 2)].reshape(max_tokens + 1, -1)[1 : n + 1].astype(np.int64)
-            matrix[h, 1:] = w64[ids].sum(axis=-1)
+            ids = (
+                rows[min(h, len(rows) - 1)].reshape(max_tokens + 1, -1)[1 : n + 1].astype(np.int64)
+            )
+            matrix[h, 1:] = np.where(ids[:, 0] >= 0, w64[ids].sum(axis=-1), -np.inf)
         chu_liu_edmonds(matrix + np.random.default_rng(n).normal(size=matrix.shape))
         by["decode"][0].append(n)
         by["decode"][1].append((time.thread_time() - t0) * 1e3)
@@ -161,10 +188,10 @@ def build_parser_bundle(
 ) -> dict[str, Any]:
     """Train, choose and export; returns the evaluation written to ``evaluation.json``."""
     rng = np.random.default_rng(config.seed)
-    train = read_split(
-        "train", config.data_dir, max_tokens=config.max_tokens, limit=config.train_limit
+    train = read_conllu(
+        config.path("train"), max_tokens=config.max_tokens, limit=config.train_limit
     )
-    dev = read_split("dev", config.data_dir, max_tokens=config.max_tokens)
+    dev = read_conllu(config.path("dev"), max_tokens=config.max_tokens)
     order = rng.permutation(len(dev))
     policy_set = dev.subset(order[: config.policy_sentences])
     calib_set = dev.subset(order[config.policy_sentences :][: config.calibration_limit])
@@ -184,8 +211,11 @@ def build_parser_bundle(
         log(f"parser: weights from {config.weights} (not retrained)")
         parser.coef_ = coef
         parser.history_ = []
-    policy_problems = parse_problems(parser, policy_set.sentences, policy_set.heads)
-    calib_problems = parse_problems(parser, calib_set.sentences, calib_set.heads)
+    length_filter = (
+        LengthFilter.learn(train.sentences, train.heads) if config.length_filter else None
+    )
+    policy_problems = parse_problems(parser, policy_set.sentences, policy_set.heads, length_filter)
+    calib_problems = parse_problems(parser, calib_set.sentences, calib_set.heads, length_filter)
 
     log(f"pseudo-labels on {len(policy_problems)} dev sentences")
     trajectories: list[Trajectory] = [
@@ -225,7 +255,9 @@ def build_parser_bundle(
             log(f"  {pid}: dev UAS {score:.4f}, ψ^Full share {share:.3f}")
         return points
 
-    costs = profile(calib_set.sentences[:300], parser.coef_, config.max_tokens, config.buckets)
+    costs = profile(
+        calib_set.sentences[:300], parser.coef_, config.max_tokens, config.buckets, length_filter
+    )
 
     def strategy(name: str, policy: Any, points: list[ParserPoint]) -> None:
         strategies.append(
@@ -248,7 +280,22 @@ def build_parser_bundle(
         "oneshot",
         learned("oneshot", "pars", parsimonious_words, CLASS_WEIGHTS),
     )
-    strategy("anytime", "anytime", learned("anytime", "anytime", trajectory_words, (1.0,)))
+    log(f"anytime: Alg. 1, up to {config.anytime_steps} per-step policies")
+    steps = fit_anytime_steps(policy_problems, config.anytime_steps, seed=config.seed, log=log)
+    files["policy-anytime.npy"] = steps
+    score, share = _uas_of(calib_problems, _every_word)
+    strategy(
+        "anytime",
+        "anytime",
+        [
+            ParserPoint(
+                id=f"anytime-T{steps.shape[1]}",
+                policy_file="policy-anytime.npy",
+                full_fraction=share,
+                uas=score,
+            )
+        ],
+    )
     margins = np.asarray([p.margin() for p in policy_problems])
     myopic = []
     for frac in MYOPIC_FRACTIONS:
@@ -290,6 +337,8 @@ def build_parser_bundle(
             "uas_all_full_dev": all_full[0],
             "trajectory_mean_upgrades": float(np.mean([len(t) for t in trajectory_words])),
             "costs_ms": {k: v.coefficients for k, v in costs.items()},
+            "length_filter": _filter_stats(length_filter, calib_problems),
+            "anytime_steps": int(steps.shape[1]),
         }
     )
     log(f"dev (calibration part): all ψ^POS UAS {all_pos[0]:.4f}, all ψ^Full {all_full[0]:.4f}")
@@ -308,7 +357,13 @@ def build_parser_bundle(
         for key, cls in (("pos", ParsePOS), ("lex", ParseLex)):
             if key == "lex" and i == 0:
                 continue
-            params = {"word": i, "max_tokens": config.max_tokens, "buckets": config.buckets}
+            params: dict[str, Any] = {
+                "word": i,
+                "max_tokens": config.max_tokens,
+                "buckets": config.buckets,
+            }
+            if length_filter is not None:
+                params["length_filter"] = length_filter.flat()
             extractors.append(
                 ExtractorSpec(
                     name=f"{key}@{i}",
@@ -342,6 +397,8 @@ def build_parser_bundle(
                     "max_tokens": config.max_tokens,
                     "policy_sentences": config.policy_sentences,
                     "seed": config.seed,
+                    "length_filter": config.length_filter,
+                    "anytime_steps": config.anytime_steps,
                     "weights_from": None
                     if config.weights is None
                     else hashlib.sha256(config.weights.read_bytes()).hexdigest()[:16],
@@ -351,6 +408,24 @@ def build_parser_bundle(
         write_manifest(tmp, manifest)
         (tmp / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
     return evaluation
+
+
+def _filter_stats(
+    length_filter: LengthFilter | None, problems: Sequence[ParseProblem]
+) -> dict[str, float] | None:
+    """What the filter prunes on held-out dev sentences: the share of all arcs, and the
+    share of gold arcs (each one a token the parser can no longer attach right)."""
+    if length_filter is None:
+        return None
+    arcs = pruned = gold_pruned = 0
+    for p in problems:
+        kept = np.isfinite(p.scores.pos)  # (n + 1, n): head h, dependent d - 1
+        n = p.n_parts
+        arcs += n * n  # every head 0 … n of every dependent but itself
+        pruned += int((~kept).sum()) - n  # the diagonal was never an arc
+        gold_pruned += int((~kept[p.gold[1:], np.arange(n)]).sum())
+    words = sum(p.n_parts for p in problems)
+    return {"arcs_pruned": pruned / max(arcs, 1), "gold_arcs_pruned": gold_pruned / max(words, 1)}
 
 
 def load_test(data_dir: Path = DEFAULT_DIR, max_tokens: int | None = None) -> Treebank:

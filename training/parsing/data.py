@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,41 +41,63 @@ class Treebank:
         )
 
 
+def split_path(split: str, data_dir: Path = DEFAULT_DIR) -> Path:
+    """The EWT file of ``split`` in ``data_dir`` (``en_ewt-ud-{split}.conllu.gz``)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return data_dir / f"en_ewt-ud-{split}.conllu.gz"
+
+
 def read_split(
     split: str,
     data_dir: Path = DEFAULT_DIR,
+    *,
     max_tokens: int | None = None,
     limit: int | None = None,
 ) -> Treebank:
-    """One split (``train``, ``dev`` or ``test``); sentences longer than ``max_tokens`` are
-    dropped when it is given (the count dropped is in the fingerprint); with ``limit``,
-    only the first ``limit`` sentences kept are read."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    path = data_dir / f"en_ewt-ud-{split}.conllu.gz"
+    """One EWT split (``en_ewt-ud-{split}.conllu.gz`` in ``data_dir``); see :func:`read_conllu`."""
+    return read_conllu(split_path(split, data_dir), max_tokens=max_tokens, limit=limit)
+
+
+def read_conllu(path: Path, *, max_tokens: int | None = None, limit: int | None = None) -> Treebank:
+    """Any CoNLL-U treebank file, plain or gzip-compressed (by its first bytes, whatever its
+    name). Sentences longer than ``max_tokens`` are dropped (the count dropped is in the
+    fingerprint); with ``limit``, only the first ``limit`` sentences kept are read. Every
+    basic token needs a universal POS tag (UPOS, column 4) and a head (column 7)."""
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found: pass --data-dir pointing at the ud-english-ewt folder"
+            f"{path} not found: pass a CoNLL-U file (plain or .gz), or --data-dir pointing at "
+            "the ud-english-ewt folder"
         )
     raw = path.read_bytes()
+    text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     sentences: list[Sentence] = []
     heads: list[npt.NDArray[np.int64]] = []
     dropped = 0
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for tokenlist in conllu.parse_incr(handle):
-            if limit is not None and len(sentences) >= limit:
-                break
-            tokens = [t for t in tokenlist if isinstance(t["id"], int)]
-            if not tokens:
-                continue
-            if max_tokens is not None and len(tokens) > max_tokens:
-                dropped += 1
-                continue
-            sentences.append(Sentence([t["form"] for t in tokens], [t["upos"] for t in tokens]))
-            heads.append(np.asarray([-1, *(int(t["head"]) for t in tokens)], dtype=np.int64))
+    for number, tokenlist in enumerate(conllu.parse_incr(io.StringIO(text.decode("utf-8")))):
+        if limit is not None and len(sentences) >= limit:
+            break
+        tokens = [t for t in tokenlist if isinstance(t["id"], int)]
+        if not tokens:
+            continue
+        if max_tokens is not None and len(tokens) > max_tokens:
+            dropped += 1
+            continue
+        missing = [t["id"] for t in tokens if t["upos"] in (None, "_") or t["head"] is None]
+        if missing:
+            raise ValueError(
+                f"{path}: sentence {number + 1} has tokens {missing[:5]} without a UPOS tag "
+                "or a head; every basic token needs both (columns 4 and 7 of CoNLL-U)"
+            )
+        try:
+            sentence = Sentence([t["form"] for t in tokens], [t["upos"] for t in tokens])
+        except ValueError as exc:
+            raise ValueError(f"{path}: sentence {number + 1}: {exc}") from None
+        sentences.append(sentence)
+        heads.append(np.asarray([-1, *(int(t["head"]) for t in tokens)], dtype=np.int64))
     digest = hashlib.sha256(raw).hexdigest()[:16]
     limited = "" if limit is None else f":first={len(sentences)}"
-    return Treebank(sentences, heads, f"ewt-{split}:{digest}:dropped={dropped}{limited}")
+    return Treebank(sentences, heads, f"{path.name}:{digest}:dropped={dropped}{limited}")
 
 
 def uas(predicted: list[npt.NDArray[np.int64]], gold: list[npt.NDArray[np.int64]]) -> float:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from service.extractors.parsing import (
     DEFAULT_BUCKETS,
+    LengthFilter,
     Sentence,
     lex_features,
     pos_features,
@@ -144,10 +145,17 @@ class ArcFactoredParser:
         self.coef_ = (w - u / c).astype(np.float32)
         return self
 
-    def scores(self, sentence: Sentence) -> EdgeScores:
+    def scores(self, sentence: Sentence, length_filter: LengthFilter | None = None) -> EdgeScores:
+        """The sentence's edge scores; with ``length_filter``, the arcs it prunes score -inf
+        (as the serving plugins leave them uncomputed)."""
         pos, lex = sentence_features(sentence, self.buckets)
         w = self.coef_.astype(np.float64)
-        return EdgeScores(w[pos].sum(-1), w[lex].sum(-1))
+        out = EdgeScores(w[pos].sum(-1), w[lex].sum(-1))
+        if length_filter is not None:
+            deps = np.arange(1, len(sentence) + 1)
+            for h in range(len(sentence) + 1):
+                out.pos[h, ~length_filter.kept(sentence, h, deps)] = -np.inf
+        return out
 
     def parse(self, sentence: Sentence, full: BoolArray) -> IntArray:
         return self.scores(sentence).parse(full)

@@ -18,9 +18,10 @@ an expensive one, and a loss of a state (which parts are upgraded). The OCR task
   the paper, is a weighted per-part classifier; we use logistic regression), with the
   positive class weighted to move along the budget axis (the paper's Appendix B does the
   same to reach budgets the λ sweep cannot).
-* The anytime policy ranks parts by the same kind of score and upgrades them in that order
-  while the budget lasts: one score function shared by every step, a simplification of
-  Alg. 1's sequence π_1 … π_T trained step by step.
+* :func:`fit_anytime_steps`: Alg. 1, the anytime policies π_1 … π_T trained greedily in
+  sequence: π_t is a weighted linear word scorer learned as Thm 2.3's importance-weighted
+  problem on the states π_1 … π_{t-1} reached, then every training state advances by π_t's
+  best word (Alg. 2 applies them, the last one for every later step).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.linear_model import LogisticRegression
 
-from service.extractors.parsing import Sentence, policy_features
+from service.extractors.parsing import POLICY_FEATURES as POLICY_DIMS
+from service.extractors.parsing import LengthFilter, Sentence, policy_features
+from service.strategies.parsing import mean_margin
 from training.parsing.parser import ArcFactoredParser, EdgeScores
 
 BoolArray = npt.NDArray[np.bool_]
@@ -164,19 +167,22 @@ class ParseProblem:
         return sorted(h - 1 for h in heads if h > 0)
 
     def margin(self) -> float:
-        """Mean (best - second best) head score under all-ψ^POS (the myopic confidence)."""
-        matrix = self.scores.matrix(np.zeros(self.n_parts + 1, dtype=bool))
-        ordered = np.sort(matrix[:, 1:], axis=0)
-        return float(np.mean(ordered[-1] - ordered[-2])) if self.n_parts > 1 else float("inf")
+        """Mean (best - second best) head score under all-ψ^POS (the myopic confidence,
+        as the service computes it)."""
+        return mean_margin(self.scores.matrix(np.zeros(self.n_parts + 1, dtype=bool)))
 
 
 def parse_problems(
-    parser: ArcFactoredParser, sentences: Sequence[Sentence], heads: Sequence[IntArray]
+    parser: ArcFactoredParser,
+    sentences: Sequence[Sentence],
+    heads: Sequence[IntArray],
+    length_filter: LengthFilter | None = None,
 ) -> list[ParseProblem]:
     out = []
     for sentence, gold in zip(sentences, heads, strict=True):
         x = policy_features(sentence).astype(np.float32).astype(np.float64)
-        out.append(ParseProblem(sentence, parser.scores(sentence), gold, x))
+        scores = parser.scores(sentence, length_filter)
+        out.append(ParseProblem(sentence, scores, gold, x))
     return out
 
 
@@ -188,6 +194,95 @@ def oneshot_words(problem: ParseProblem, coef: FloatArray) -> list[int]:
 
 
 def anytime_order(problem: ParseProblem, coef: FloatArray) -> list[int]:
-    """The order (1-based words) in which the anytime policy upgrades words."""
-    scores = policy_scores(coef, problem.features)
-    return [int(i) + 1 for i in np.argsort(-scores, kind="stable")]
+    """The order (1-based words) in which the anytime policies upgrade words (Alg. 2):
+    ``coef`` (features + 1, T) holds π_1 … π_T; step t takes π_t's best word not yet
+    upgraded (π_T for every step past T; the first word on ties)."""
+    steps = coef.reshape(coef.shape[0], -1)
+    order: list[int] = []
+    for t in range(problem.n_parts):
+        scores = policy_scores(steps[:, min(t, steps.shape[1] - 1)], problem.features)
+        best = max(
+            (w for w in range(problem.n_parts) if w + 1 not in order),
+            key=lambda w: (scores[w], -w),
+        )
+        order.append(best + 1)
+    return order
+
+
+def fit_anytime_steps(
+    problems: Sequence[ParseProblem],
+    steps: int,
+    *,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> FloatArray:
+    """Alg. 1 with the risk of Thm 2.3 (λ = 0: every word costs the same ψ^Lex, so the
+    cost term does not change which upgrade is best). At step t each sentence's candidate
+    states are its state with one more word upgraded; C(s) is the parse's Hamming loss in
+    s (one decode per word that heads a wrongly attached token in the gold or current
+    parse; upgrading any other word is taken to leave the loss as it is, as in
+    :meth:`ParseProblem.candidates`). The words of least C are positives weighted by
+    max C − C(s), the others negatives weighted by C(s) − min C; sentences whose
+    candidates all lose the same teach nothing. π_t is a weighted logistic regression on
+    the words' policy features; then every sentence upgrades π_t's best word.
+
+    Returns (features + 1, T) coefficients, step t's policy in column t (intercept last);
+    fewer than ``steps`` columns when every word of every sentence is upgraded earlier."""
+    states = [np.zeros(p.n_parts, dtype=bool) for p in problems]
+    columns: list[FloatArray] = []
+    d = problems[0].features.shape[1] if problems else POLICY_DIMS
+    for t in range(steps):
+        xs: list[FloatArray] = []
+        ys: list[BoolArray] = []
+        ws: list[FloatArray] = []
+        for p, state in zip(problems, states, strict=True):
+            left = np.flatnonzero(~state)
+            if not len(left):
+                continue
+            current = p.errors(state)
+            loss = np.full(p.n_parts, current)
+            for word in p.candidates(state):
+                if state[word]:
+                    continue
+                state[word] = True
+                loss[word] = p.errors(state)
+                state[word] = False
+            c = loss[left]
+            hi, lo = float(c.max()), float(c.min())
+            if hi - lo <= 0:
+                continue
+            best = c <= lo + 1e-12
+            xs.append(p.features[left])
+            ys.append(best)
+            ws.append(np.where(best, hi - c, c - lo))
+        if not xs and not any((~s).any() for s in states):
+            break
+        if xs:
+            x, y, weight = np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)
+            coef = _weighted_logit(x, y, weight, seed)
+        else:  # nothing to learn at this step: keep the previous policy
+            coef = columns[-1] if columns else np.zeros(d + 1)
+        columns.append(coef)
+        for p, state in zip(problems, states, strict=True):
+            left = np.flatnonzero(~state)
+            if len(left):
+                scores = policy_scores(coef, p.features[left])
+                state[left[int(np.argmax(scores))]] = True
+        if log is not None:
+            errors = sum(p.errors(s) for p, s in zip(problems, states, strict=True))
+            words = sum(p.n_parts for p in problems)
+            uas_t = 1 - errors / words
+            log(f"  anytime π_{t + 1}: {len(xs)} sentences taught, UAS after it {uas_t:.4f}")
+    if not columns:
+        columns.append(np.zeros(d + 1))
+    return np.stack(columns, axis=1)
+
+
+def _weighted_logit(x: FloatArray, y: BoolArray, w: FloatArray, seed: int) -> FloatArray:
+    if y.all() or not y.any():
+        coef = np.zeros(x.shape[1] + 1)
+        coef[-1] = 1.0 if y.all() else -1.0
+        return coef
+    model = LogisticRegression(C=1.0, max_iter=2000, random_state=seed)
+    model.fit(x, y, sample_weight=w / w.mean())
+    return np.concatenate([model.coef_[0], model.intercept_]).astype(np.float64)

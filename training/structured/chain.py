@@ -1,5 +1,5 @@
-"""The linear chain of :mod:`service.chain` (the one the service decodes with), plus what
-only training needs: padding words into batches and the brute-force oracle."""
+"""The linear chain of :mod:`service.strategies.chain` (the one the service decodes with),
+plus what only training needs: padding words into batches and the brute-force oracle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
-from service.chain import ChainParams, emissions, marginals, viterbi
+from service.strategies.chain import ChainParams, emissions, marginals, viterbi
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

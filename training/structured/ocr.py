@@ -28,8 +28,8 @@ import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from service.chain import policy_inputs_v1
 from service.extractors.letters import hog_batch, pixels_batch
+from service.strategies.chain import policy_inputs_v1
 from training.structured.chain import ChainParams, emissions, pad, viterbi
 from training.structured.problem import ChainProblem
 from training.structured.state import Template, TemplateSet
@@ -66,10 +66,15 @@ class OcrData:
 
 
 def load_ocr(path: Path = DEFAULT_DATA) -> OcrData:
+    """The OCR words: the shared data set's ``.npz`` (Taskar et al.'s letters), or a folder
+    of word images in the layout of :func:`load_ocr_folder`."""
+    if path.is_dir():
+        return load_ocr_folder(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"OCR data not found at {path}; it is ocr-letters/ocr-letters.npz of the shared "
-            "datasets (../shared/datasets from the repository root): pass its path with --data"
+            "datasets (../shared/datasets from the repository root), or a folder of word "
+            "images with labels.tsv: pass its path with --data"
         )
     raw = np.load(path)
     return OcrData(
@@ -78,6 +83,86 @@ def load_ocr(path: Path = DEFAULT_DATA) -> OcrData:
         offsets=raw["word_offsets"].astype(np.int64),
         folds=raw["folds"].astype(np.int64),
     )
+
+
+LABELS_FILE = "labels.tsv"
+FOLDS = 10
+
+
+def load_ocr_folder(folder: Path) -> OcrData:
+    """Words from a folder: ``labels.tsv`` lists one word per line, ``FILE<TAB>WORD`` or
+    ``FILE<TAB>WORD<TAB>FOLD`` (``#`` starts a comment); ``FILE`` (relative to the folder) is
+    a PNG 16 pixels high and 8 per letter wide, the word's letters side by side, ink white
+    (gray ≥ 128 reads as 1) on black, as the service's ``letters`` items take letters;
+    ``WORD`` is its lower-case letters a–z, one per 8 pixels. Without a fold column every
+    word gets fold = CRC-32 of its file name mod 10; fold 0 is the held-out test fold."""
+    import zlib
+
+    from PIL import Image
+
+    listing = folder / LABELS_FILE
+    if not listing.is_file():
+        raise FileNotFoundError(
+            f"{listing} not found: a word-image folder needs {LABELS_FILE} (FILE<TAB>WORD "
+            "[<TAB>FOLD] per line) beside its PNGs"
+        )
+    letters: list[npt.NDArray[np.uint8]] = []
+    labels: list[int] = []
+    offsets = [0]
+    folds: list[int] = []
+    for number, line in enumerate(listing.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = line.rstrip("\n").split("\t")
+        where = f"{listing}:{number}"
+        if len(fields) not in (2, 3):
+            raise ValueError(f"{where}: expected FILE<TAB>WORD[<TAB>FOLD], got {line!r}")
+        name, word = fields[0], fields[1]
+        if not word or any(c not in LETTERS for c in word):
+            raise ValueError(f"{where}: the word {word!r} must be lower-case letters a-z")
+        try:
+            with Image.open(folder / name) as image:
+                pixels = np.asarray(image.convert("L"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot read the image {name!r}: {exc}") from None
+        if pixels.shape != (16, 8 * len(word)):
+            raise ValueError(
+                f"{where}: {name!r} is {pixels.shape[1]}x{pixels.shape[0]} pixels; a word of "
+                f"{len(word)} letters must be {8 * len(word)} wide and 16 high"
+            )
+        ink = (pixels >= 128).astype(np.uint8)
+        letters.extend(ink[:, 8 * i : 8 * i + 8] for i in range(len(word)))
+        labels.extend(ord(c) - ord("a") for c in word)
+        offsets.append(len(labels))
+        fold = fields[2] if len(fields) == 3 else str(zlib.crc32(name.encode()) % FOLDS)
+        if not fold.isdigit():
+            raise ValueError(f"{where}: the fold {fold!r} must be a whole number")
+        folds.append(int(fold))
+    if not labels:
+        raise ValueError(f"{listing} lists no word")
+    return OcrData(
+        letters=np.stack(letters),
+        labels=np.asarray(labels, dtype=np.int64),
+        offsets=np.asarray(offsets, dtype=np.int64),
+        folds=np.asarray(folds, dtype=np.int64),
+    )
+
+
+def write_ocr_folder(data: OcrData, folder: Path, words: Sequence[int] | None = None) -> None:
+    """Write ``words`` (default: all) of ``data`` in the layout :func:`load_ocr_folder`
+    reads (one PNG per word, ``labels.tsv`` with each word's fold)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for w in range(data.n_words) if words is None else words:
+        sl = data.word(w)
+        image = np.concatenate(list(data.letters[sl]), axis=1) * 255
+        name = f"{w:05d}.png"
+        Image.fromarray(image.astype(np.uint8)).save(folder / name)
+        word = "".join(LETTERS[y] for y in data.labels[sl])
+        lines.append(f"{name}\t{word}\t{int(data.folds[w])}")
+    (folder / LABELS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def template_features(data: OcrData) -> list[F32]:
@@ -248,7 +333,7 @@ def word_problem(
 
 def policy_inputs(pixels: F32, base: F64, pixel_contribution: F64, chain: ChainParams) -> F32:
     """Per-letter policy inputs from S0 (pixels only): the service's recipe
-    ``letters-v1`` (:func:`service.chain.policy_inputs_v1`), the same code."""
+    ``letters-v1`` (:func:`service.strategies.chain.policy_inputs_v1`), the same code."""
     return policy_inputs_v1(pixels, base[None, :] + pixel_contribution, chain)
 
 

@@ -33,9 +33,9 @@ F32 = npt.NDArray[np.float32]
 
 # λ in letters of Hamming error per unit of cost (the costs are µs per letter): a letter's
 # HOG (~100-150 µs) is worth it when it fixes about λ·δ_hog letters.
-DEFAULT_LAMBDAS = (0.0, 0.0005, 0.002)
+DEFAULT_LAMBDAS = (0.0, 0.0005, 0.001, 0.002)
 # Class weights of the parts whose pseudo-label adds a template (Appendix B of the paper).
-DEFAULT_POSITIVE_WEIGHTS = (1.0, 2.0, 4.0, 8.0)
+DEFAULT_POSITIVE_WEIGHTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 @dataclass

@@ -50,6 +50,23 @@ def brute_force(scores: np.ndarray, single_root: bool) -> float:
     return best
 
 
+def fewest_roots(scores: np.ndarray) -> tuple[int, float]:
+    """(fewest root children of a finite tree, the best such tree's score), enumerated."""
+    n = scores.shape[0] - 1
+    best: tuple[int, float] = (n + 1, -np.inf)
+    for assignment in itertools.product(range(n + 1), repeat=n):
+        heads = np.asarray([-1, *assignment])
+        if any(heads[d] == d for d in range(1, n + 1)) or not is_tree(heads):
+            continue
+        score = tree_score(scores, heads)
+        if not np.isfinite(score):
+            continue
+        roots = int((heads[1:] == 0).sum())
+        if roots < best[0] or (roots == best[0] and score > best[1]):
+            best = (roots, score)
+    return best
+
+
 @pytest.mark.parametrize("single_root", [True, False])
 def test_chu_liu_edmonds_matches_brute_force(single_root: bool) -> None:
     rng = np.random.default_rng(7)
@@ -64,6 +81,29 @@ def test_chu_liu_edmonds_matches_brute_force(single_root: bool) -> None:
         if single_root:
             assert int((heads[1:] == 0).sum()) == 1
         assert tree_score(scores, heads) == pytest.approx(brute_force(scores, single_root))
+
+
+@pytest.mark.parametrize("single_root", [True, False])
+def test_chu_liu_edmonds_never_takes_a_pruned_arc(single_root: bool) -> None:
+    """Arcs of -inf (pruned by the length filter) are never in the tree while the root's
+    arcs keep every token reachable; the tree is still the best of the others."""
+    rng = np.random.default_rng(11)
+    for _ in range(150):
+        n = int(rng.integers(2, 6))
+        scores = rng.normal(size=(n + 1, n + 1)) * 5
+        pruned = rng.random((n + 1, n + 1)) < 0.6
+        pruned[0] = False  # the root's arcs stay
+        scores[pruned] = -np.inf
+        heads = chu_liu_edmonds(scores, single_root=single_root)
+        assert is_tree(heads)
+        assert np.isfinite(tree_score(scores, heads))
+        if not single_root:
+            assert tree_score(scores, heads) == pytest.approx(brute_force(scores, False))
+            continue
+        # the best tree of finite arcs with the fewest root children (one when there is one)
+        fewest = fewest_roots(scores)
+        assert int((heads[1:] == 0).sum()) == fewest[0]
+        assert tree_score(scores, heads) == pytest.approx(fewest[1])
 
 
 def test_chu_liu_edmonds_finds_non_projective_trees() -> None:

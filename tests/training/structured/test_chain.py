@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.chain import marginals_one, viterbi_one
+from service.strategies.chain import marginals_one, policy_inputs_v1, viterbi_one
 from training.structured.chain import ChainParams, brute_force, marginals, pad, viterbi
 
 
@@ -41,3 +41,48 @@ def test_padding_does_not_change_a_word() -> None:
     alone = viterbi(*pad([word]), chain)[0]
     padded = viterbi(*pad([word], width=6), chain)[0]
     assert alone.tolist() == padded[:3].tolist()
+
+
+def test_marginals_one_rescales_a_chain_whose_scores_could_underflow() -> None:
+    """A chain whose scores spread over hundreds of nats takes the rescaled passes; they
+    agree with the log-space batch."""
+    rng = np.random.default_rng(3)
+    chain = _chain(rng, 4)
+    steep = ChainParams(chain.transition * 40, chain.start * 40, chain.end * 40)
+    assert steep.spread * 5 >= 600  # the rescaled branch
+    for length in (1, 2, 5):
+        word = rng.normal(size=(length, 4)) * 20
+        em, mask = pad([word])
+        np.testing.assert_allclose(
+            marginals_one(word, steep), marginals(em, mask, steep)[0], atol=1e-9
+        )
+        assert viterbi_one(word, steep).tolist() == viterbi(em, mask, steep)[0].tolist()
+
+
+def _inputs_reference(x: np.ndarray, em: np.ndarray, chain: ChainParams) -> np.ndarray:
+    """letters-v1 written plainly, one quantity after another (the oracle of the
+    whole-word version)."""
+    p = np.exp(em - em.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = -np.sort(-p, axis=1)
+    entropy = -(p * np.log(np.maximum(p, 1e-300))).sum(axis=1)
+    _, marg = zip(*[brute_force(em, chain)], strict=True)
+    m = -np.sort(-marg[0], axis=1)
+    prev_top = np.concatenate([[1.0], m[:-1, 0]])
+    next_top = np.concatenate([m[1:, 0], [1.0]])
+    extra = np.stack(
+        [top[:, 0], top[:, 0] - top[:, 1], entropy, m[:, 0], m[:, 0] - m[:, 1], prev_top, next_top],
+        axis=1,
+    )
+    return np.concatenate([x, extra], axis=1)
+
+
+@pytest.mark.parametrize("length", [1, 2, 4])
+def test_policy_inputs_v1_match_the_plain_recipe(length: int) -> None:
+    rng = np.random.default_rng(length)
+    chain = _chain(rng, 3)
+    x = rng.random((length, 5)).astype(np.float32)
+    em = rng.normal(size=(length, 3)) * 3
+    got = policy_inputs_v1(x, em, chain)
+    np.testing.assert_allclose(got, _inputs_reference(x, em, chain), rtol=1e-5, atol=1e-6)
+    assert got.dtype == np.float32

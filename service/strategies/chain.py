@@ -48,6 +48,12 @@ class ChainParams:
         )
 
     @cached_property
+    def transition_t(self) -> F64:
+        """``transition.T`` in C order (``[b, a]``: a followed by b), so that a word's
+        Viterbi steps are formed in one array operation (:func:`viterbi_one`)."""
+        return np.ascontiguousarray(self.transition.T)
+
+    @cached_property
     def spread(self) -> float:
         """The largest drop, in log space, of the shifted scores one part of a word
         multiplies in (transition, start or end; emissions are shifted row by row)."""
@@ -131,54 +137,59 @@ def policy_inputs_v1(
     "complex" policy features, paid for in inference time); the previous and next
     parts' S0 marginal top (1 at the ends). ``marginals``: the S0 marginals when the caller
     has them already (:func:`marginals_one` of ``emission``).
-    Training (``training.structured.ocr``) and the structured runtimes both call this."""
-    s = emission
-    z = s - s.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
-    top2 = -np.sort(-p, axis=1)[:, :2]
-    entropy = -(p * np.log(np.maximum(p, 1e-12))).sum(axis=1)
-    marg = marginals_one(s, chain) if marginals is None else marginals
-    mtop2 = -np.sort(-marg, axis=1)[:, :2]
-    prev_top = np.concatenate([[1.0], mtop2[:-1, 0]])
-    next_top = np.concatenate([mtop2[1:, 0], [1.0]])
-    extra = np.stack(
-        [
-            top2[:, 0],
-            top2[:, 0] - top2[:, 1],
-            entropy,
-            mtop2[:, 0],
-            mtop2[:, 0] - mtop2[:, 1],
-            prev_top,
-            next_top,
-        ],
-        axis=1,
-    )
-    return np.concatenate([base_features.astype(np.float32), extra.astype(np.float32)], axis=1)
+    Training (``training.structured.ocr``) and the structured runtimes both call this; it
+    works on the whole word at once (a fixed number of array operations, whatever its length).
+    """
+    length = len(emission)
+    z = emission - emission.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    total = e.sum(axis=1)
+    p = e / total[:, None]
+    marg = marginals_one(emission, chain) if marginals is None else marginals
+    # the two largest of each row, of the softmax and of the marginals in one partition
+    both = np.concatenate([p, marg])
+    top2 = -np.partition(-both, 1, axis=1)[:, :2]
+    out = np.empty((length, base_features.shape[1] + 7), dtype=np.float32)
+    d = base_features.shape[1]
+    out[:, :d] = base_features
+    extra = out[:, d:]
+    extra[:, 0] = top2[:length, 0]
+    extra[:, 1] = top2[:length, 0] - top2[:length, 1]
+    # entropy of the softmax: log Σ e^z − Σ p z (p log p summed without forming log p)
+    extra[:, 2] = np.log(total) - np.einsum("ly,ly->l", p, z)
+    mtop = top2[length:, 0]
+    extra[:, 3] = mtop
+    extra[:, 4] = mtop - top2[length:, 1]
+    extra[0, 5] = 1.0
+    extra[1:, 5] = mtop[:-1]
+    extra[:-1, 6] = mtop[1:]
+    extra[-1, 6] = 1.0
+    return out
 
 
 def viterbi_one(emission: F64, chain: ChainParams) -> I64:
-    """:func:`viterbi` of one word (L, Y), with less per-step overhead (the service's path):
-    every step's scores ``transition + emission`` are formed in one array operation, so a
-    step is three (scores, best predecessor, best score); the backtrack runs on Python ints.
-    Ties go to the lowest label, as in :func:`viterbi`."""
+    """:func:`viterbi` of one word (L, Y), with two array operations per part: every
+    part's step scores ``transition + emission`` are formed for the whole word in one
+    operation, then each part adds its predecessor's best scores in place and takes the
+    row maxima; the best predecessors of every part come from one ``argmax`` over the
+    whole word, and the backtrack runs on Python ints. Ties go to the lowest label, as in
+    :func:`viterbi`."""
     length, y = emission.shape
-    # step[t, b, a]: label a followed by b at part t
-    step = chain.transition.T[None, :, :] + emission[1:, :, None]
-    rows = np.arange(y)
-    back = np.empty((length, y), dtype=np.intp)
-    delta = chain.start + emission[0]
+    # steps[t - 1, b, a]: label a at part t - 1 followed by b at part t
+    steps = chain.transition_t[None, :, :] + emission[1:, :, None]
+    best = np.empty((length, y))
+    np.add(chain.start, emission[0], out=best[0])
     for t in range(1, length):
-        scores = step[t - 1] + delta
-        best = scores.argmax(axis=1)
-        back[t] = best
-        delta = scores[rows, best]
-    label = int(np.argmax(delta + chain.end))
-    pointers = back.tolist()
+        step = steps[t - 1]
+        step += best[t - 1]
+        step.max(axis=1, out=best[t])
+    label = int(np.argmax(best[-1] + chain.end))
     out = [label]
-    for t in range(length - 1, 0, -1):
-        label = pointers[t][label]
-        out.append(label)
+    if length > 1:
+        pointers = steps.argmax(axis=2).tolist()
+        for t in range(length - 2, -1, -1):
+            label = pointers[t][label]
+            out.append(label)
     return np.asarray(out[::-1], dtype=np.int64)
 
 
@@ -190,24 +201,35 @@ _UNSCALED_SPREAD = 600.0
 def marginals_one(emission: F64, chain: ChainParams) -> F64:
     """:func:`marginals` of one word (L, Y): forward-backward in probability space. Each
     part's factor ``exp(transition) * exp(emission)`` is formed for all parts in one array
-    operation, so a pass is one vector-matrix product per part. Scores are shifted to a
-    maximum of 0 (row by row for emissions), so a pass can shrink the mass by at most
-    e^-spread per part; when that cannot reach underflow the passes run unscaled, otherwise
-    each step is rescaled (Rabiner's scaling)."""
+    operation. Scores are shifted to a maximum of 0 (row by row for emissions), so a pass
+    can shrink the mass by at most e^-spread per part; when that cannot reach underflow
+    the two passes run unscaled and together, one batched vector-matrix product per part
+    (the forward pass at part t beside the backward pass at part L-1-t); otherwise each
+    step is rescaled (Rabiner's scaling)."""
     trans, start, end = chain.probabilities
-    length = len(emission)
+    length, y = emission.shape
     phi = np.exp(emission - emission.max(axis=1, keepdims=True))
+    if length == 1:
+        single: F64 = (start * phi[0] * end)[None, :]
+        single /= single.sum()
+        return single
     factor = trans[None, :, :] * phi[1:, None, :]  # factor[t-1, a, b]: into part t
-    alpha = np.empty_like(phi)
-    beta = np.empty_like(phi)
-    alpha[0] = start * phi[0]
-    beta[-1] = end
     if chain.spread * length < _UNSCALED_SPREAD:
+        # passes[t, 0] = alpha[t]; passes[t, 1] = beta[L-1-t] (row vectors)
+        pair = np.empty((length - 1, 2, y, y))
+        pair[:, 0] = factor
+        pair[:, 1] = factor[::-1].transpose(0, 2, 1)
+        passes = np.empty((length, 2, 1, y))
+        passes[0, 0, 0] = start * phi[0]
+        passes[0, 1, 0] = end
         for t in range(1, length):
-            np.matmul(alpha[t - 1], factor[t - 1], out=alpha[t])
-        for t in range(length - 2, -1, -1):
-            np.matmul(factor[t], beta[t + 1], out=beta[t])
+            np.matmul(passes[t - 1], pair[t - 1], out=passes[t])
+        out: F64 = passes[:, 0, 0] * passes[::-1, 1, 0]
     else:
+        alpha = np.empty_like(phi)
+        beta = np.empty_like(phi)
+        alpha[0] = start * phi[0]
+        beta[-1] = end
         scale = np.empty(length)
         scale[0] = alpha[0].sum()
         alpha[0] /= scale[0]
@@ -217,6 +239,6 @@ def marginals_one(emission: F64, chain: ChainParams) -> F64:
             np.divide(a, s, out=alpha[t])
         for t in range(length - 2, -1, -1):
             np.divide(factor[t] @ beta[t + 1], scale[t + 1], out=beta[t])
-    out: F64 = alpha * beta
+        out = alpha * beta
     out /= out.sum(axis=1, keepdims=True)
     return out
