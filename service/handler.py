@@ -53,6 +53,8 @@ class Limits:
     max_budget_ms: float = float("inf")
     max_queued: int = 1 << 30
     max_queued_bytes: int = 1 << 62
+    #: Longest wait for a thread of a request whose budget is not in ms (declared costs).
+    max_wait_s: float = 1.0
 
 
 class PredictHandler:
@@ -242,8 +244,8 @@ class PredictHandler:
                 left_ms -= (queued_at - received) * 1e3
             wait_limit: float | None = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
             inline = left_ms < cheapest  # nothing to extract: no thread needed
-        else:
-            wait_limit, inline = None, False
+        else:  # a budget that is not time: wait at most max_wait_s, then answer from what it has
+            wait_limit, inline = self.limits.max_wait_s, False
         waited = None if inline else await self._acquire(wait_limit, nbytes)
         if waited is None:
             # Answer from what is in hand, on this loop: with a budget of 0 the strategy's

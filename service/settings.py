@@ -100,6 +100,13 @@ class Settings(BaseSettings):
         "answered (waiting or extracting); a request that would pass it is refused with 503 "
         "and Retry-After (one request is always admitted)",
     )
+    max_wait_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="a request to a bundle whose costs are declared (not ms) waits at most this "
+        "long for an extraction thread; then it is answered at once from what it has (values "
+        "sent, cached sensors), naming no sensor acquired",
+    )
     max_pixels: int = Field(
         default=4096 * 4096,
         ge=1,

@@ -228,6 +228,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
             max_budget_ms=settings.max_budget_ms,
             max_queued=settings.max_queued,
             max_queued_bytes=settings.max_queued_bytes,
+            max_wait_s=settings.max_wait_ms / 1000.0,
         ),
         default_accounting=settings.accounting,
     )
