@@ -27,7 +27,12 @@ from service import tracing
 from service.http import create_app
 from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
-from service.server import DrainingMultiprocess, HeadTimeoutH11Protocol, listening_socket
+from service.server import (
+    DrainingMultiprocess,
+    DrainingServer,
+    HeadTimeoutH11Protocol,
+    listening_socket,
+)
 from service.settings import Settings
 
 log = logging.getLogger("budgetserve.serve")
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             timeout_graceful_shutdown=30,
             http=HeadTimeoutH11Protocol,
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config)
         try:
             server.run(sockets=[sock])
         finally:

@@ -1,0 +1,91 @@
+"""Issue 27, the second outside probe: what a real ``budgetserve-serve`` does at its edges.
+
+Each test reproduces one defect the probe found against the real server (a subprocess, a
+real uvicorn, the real app): requests queued at SIGTERM, start-up errors, forged log lines,
+path parameters a file system cannot take, the published request schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from service.http import create_app
+from service.server import DrainingServer, HeadTimeoutH11Protocol, listening_socket
+from service.settings import Settings
+from tests.conftest import ROOT, digit_image, png_b64
+from tests.service.test_serve_workers import _read_response
+
+SERVE = Path(sys.executable).with_name("budgetserve-serve")
+
+
+def _env(**settings: str) -> dict[str, str]:
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("BUDGETSERVE_") and k != "REDIS_URL"
+    }
+    return {**base, "PYTHONPATH": str(ROOT), **settings}
+
+
+def test_connections_queued_when_shutdown_begins_are_answered_not_reset(
+    tiny_bundle_dir: Path,
+) -> None:
+    """Issue 27: with 2 workers under overload, requests that had connected (their
+    connection waiting in the listening socket's accept queue, the event loop being busy)
+    when SIGTERM came ended in a read error the server never logged: closing a listening
+    socket resets what is queued on it. Here 12 clients connect and send while shutdown
+    begins, before the socket closes (a real uvicorn and app in this process); every one of
+    them must get an HTTP answer, and the socket must then be closed."""
+    body = json.dumps(
+        {"model": "tiny", "item": {"png_base64": png_b64(digit_image(3, 32))}, "budget": 5.0}
+    ).encode()
+    request = (
+        b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    sock = listening_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    clients: list[socket.socket] = []
+
+    class Probed(DrainingServer):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # On the event loop, which accepts nothing meanwhile: the kernel queues them.
+            for _ in range(12):
+                conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+                conn.sendall(request)
+                clients.append(conn)
+            await super().shutdown(sockets)
+
+    app = create_app(Settings(models_dir=tiny_bundle_dir.parent))
+    config = uvicorn.Config(
+        app, log_level="warning", http=HeadTimeoutH11Protocol, timeout_graceful_shutdown=30
+    )
+    server = Probed(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started, "uvicorn did not start"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+    statuses: list[int | str] = []
+    for conn in clients:
+        with conn:
+            try:
+                statuses.append(_read_response(conn)[0])
+            except OSError as exc:  # a reset: what the probe saw
+                statuses.append(type(exc).__name__)
+    assert len(statuses) == 12 and all(s in (200, 503) for s in statuses), statuses
+    with pytest.raises(ConnectionRefusedError):  # nothing listens any more
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
