@@ -26,7 +26,8 @@ Memory: items are decoded one at a time up front (a bad item fails the batch bef
 is spent), and only what the plan needs of each is kept (its size, cache key and the sensors
 it sent), never its pixels: the batch holds at most one decoded item outside the predict
 handler, whose admission counts each item's decoded bytes (``BUDGETSERVE_MAX_QUEUED_BYTES``)
-as it does a single request's.
+as it does a single request's. A budget per item is capped like a total: ``budget`` times the
+number of items may not pass ``BUDGETSERVE_MAX_BUDGET_MS`` (measured costs).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from functools import partial
 from typing import Any
 
 from service.cache import CacheBypassed, CacheDeadline, CacheUnavailable, feature_key
-from service.errors import BudgetServeError, BudgetTooLarge, InvalidRequest
+from service.errors import BatchBudgetTooLarge, BudgetServeError, BudgetTooLarge, InvalidRequest
 from service.handler import PredictHandler
 from service.registry import Bundle
 from service.schemas import PredictResponse
@@ -300,6 +301,10 @@ async def predict_batch(
 
     bundle = handler.registry.get(model, version)
     bundle.strategy(strategy)  # an unknown strategy fails before anything is decoded
+    measured = bundle.manifest.cost_basis == "measured"
+    if budget is not None and measured and budget * len(items) > handler.limits.max_budget_ms:
+        # Each item's budget is the batch's too: together they may not pass the cap.
+        raise BatchBudgetTooLarge(float(budget), len(items), handler.limits.max_budget_ms)
     decoded = await _decode_all(handler, bundle, items)
     plan: BatchPlan | None = None
     if budget is not None:

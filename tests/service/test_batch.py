@@ -236,6 +236,28 @@ def test_a_batch_holds_one_decoded_item_at_a_time(tiny_bundle_dir: Path) -> None
     assert peak < 6 * one_item, f"peak {peak / one_item:.1f} items' worth of decoded pixels"
 
 
+def test_budgets_per_item_are_capped_on_the_batch_total(tiny_bundle_dir: Path) -> None:
+    """Issue 27: 'total_budget' over BUDGETSERVE_MAX_BUDGET_MS was refused, but 'budget' at
+    the cap times 128 items ran 22.6 s of work in one request. The cap is on the batch's
+    total either way, and the error says so."""
+    settings = Settings(models_dir=tiny_bundle_dir.parent, max_budget_ms=100.0)
+    app = create_app(settings, cache=InProcessCache(1 << 20))
+    item = {"png_base64": png_b64(digit_image(3, 32))}
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"model": "tiny", "items": [item] * 11, "budget": 10.0})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert "10 ms for each of 11 items, 110 ms in all" in error["message"]
+        assert "at most 100 ms in all" in error["message"], error
+        assert error["details"]["total"] == 110.0 and error["details"]["max_budget"] == 100.0
+        r = client.post("/predict", json={"model": "tiny", "items": [item] * 10, "budget": 10.0})
+        assert r.status_code == 200, r.text
+        r = client.post(
+            "/predict", json={"model": "tiny", "items": [item] * 11, "total_budget": 101.0}
+        )
+        assert r.status_code == 422 and "at most 100 ms" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "mentions"),
     [
