@@ -317,7 +317,9 @@ def _warm_up(
 ) -> None:
     """Run the decoder (on a blank PNG for images), every extractor and every model once, so
     first requests don't pay one-off costs (lazy imports such as Pillow's PNG plugin, ~10 ms;
-    allocator growth; ONNX Runtime's first-run set-up) against their budgets."""
+    allocator growth; ONNX Runtime's first-run set-up) against their budgets; and check that
+    every model answers class probabilities there (a bundle with NaN weights would otherwise
+    take over and answer every request 422, blaming the client's values)."""
     kind = manifest.item.kind
     blank: Any = dict.fromkeys(manifest.item.columns, 0.0)  # tabular
     if kind == "image":
@@ -339,8 +341,43 @@ def _warm_up(
                 f"bundle {manifest.name!r}: extractor {name!r} failed its warm-up on a blank "
                 f"{kind} item: {exc}"
             ) from exc
-    for model in models.values():
-        model.predict_proba(features)
+    scores = {m for strategy in manifest.strategies for m in strategy.score_models()}
+    for model_id, model in models.items():
+        output = model.predict_proba(features)
+        problem = not_finite(output) if model_id in scores else not_probabilities(output)
+        if problem is not None:
+            raise BundleError(
+                f"bundle {manifest.name!r}: model {model_id!r} gives {problem} on a blank "
+                f"{kind} item at warm-up (NaN or corrupted weights?); the bundle is refused"
+            )
+
+
+#: How far from [0, 1], and from a sum of 1, a model's float32 probabilities may be.
+PROBABILITY_TOLERANCE = 1e-3
+
+
+def not_finite(values: Any) -> str | None:
+    """What keeps ``values`` (a model's scores) from being a finite vector, or None."""
+    scores = np.asarray(values, dtype=np.float64)
+    if scores.size == 0:
+        return "no output"
+    if not np.all(np.isfinite(scores)):
+        return f"non-finite outputs ({int(np.sum(~np.isfinite(scores)))} NaN or infinite)"
+    return None
+
+
+def not_probabilities(values: Any) -> str | None:
+    """What keeps ``values`` from being class probabilities (finite, in [0, 1], summing to
+    1 within :data:`PROBABILITY_TOLERANCE`), or None when they are."""
+    problem = not_finite(values)
+    if problem is not None:
+        return problem
+    probs = np.asarray(values, dtype=np.float64)
+    if probs.min() < -PROBABILITY_TOLERANCE or probs.max() > 1.0 + PROBABILITY_TOLERANCE:
+        return f"values outside [0, 1] (from {probs.min():.4g} to {probs.max():.4g})"
+    if abs(probs.sum() - 1.0) > PROBABILITY_TOLERANCE:
+        return f"probabilities that sum to {probs.sum():.4g}, not 1"
+    return None
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/(?:[^\s'\"/:]+/)+([^\s'\":/]*)")
