@@ -25,6 +25,7 @@ import anyio
 import anyio.to_thread
 
 from service.registry import (
+    MAX_MANIFEST_BYTES,
     CalibrationSettings,
     FolderLoad,
     Registry,
@@ -81,8 +82,10 @@ class ModelManager:
         calibration: CalibrationSettings | None = None,
         sources: SensorSources | None = None,
         on_change: Callable[[], None] = lambda: None,
+        max_manifest_bytes: int = MAX_MANIFEST_BYTES,
     ) -> None:
         self.registry = registry
+        self.max_manifest_bytes = max_manifest_bytes
         self.models_dir = models_dir
         self.max_pixels = max_pixels
         self.calibration = calibration
@@ -98,7 +101,13 @@ class ModelManager:
     async def _load(self, folder: str) -> FolderLoad:
         self.seen[folder] = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
         return await anyio.to_thread.run_sync(
-            load_folder, self.models_dir, folder, self.max_pixels, self.calibration, self.sources
+            load_folder,
+            self.models_dir,
+            folder,
+            self.max_pixels,
+            self.calibration,
+            self.sources,
+            self.max_manifest_bytes,
         )
 
     def _install(self, load: FolderLoad, report: ReloadReport) -> None:

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         "answered (waiting or extracting); a request that would pass it is refused with 503 "
         "and Retry-After (one request is always admitted)",
     )
+    max_manifest_bytes: int = Field(
+        default=16 << 20,
+        ge=1024,
+        description="largest manifest.json a bundle may have; a larger one keeps the bundle out "
+        "of service (the reason in GET /models) without being read",
+    )
     max_wait_ms: float = Field(
         default=1000.0,
         gt=0,

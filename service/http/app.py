@@ -198,7 +198,11 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         registry
         if registry is not None
         else load_registry(
-            settings.models_dir, settings.max_pixels, calibration, settings.sensor_sources
+            settings.models_dir,
+            settings.max_pixels,
+            calibration,
+            settings.sensor_sources,
+            settings.max_manifest_bytes,
         )
     )
     feature_cache = (
@@ -245,5 +249,6 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         calibration,
         settings.sensor_sources,
         on_change=changed,
+        max_manifest_bytes=settings.max_manifest_bytes,
     )
     state.manager.remember(seen)
