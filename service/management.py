@@ -49,19 +49,59 @@ class ReloadReport:
     unloaded: list[str] = field(default_factory=list)
 
 
+#: Most entries one folder's fingerprint holds, and how deep it walks: a bundle folder holds a
+#: manifest and its ONNX files (versions one level down), so these bound only what should
+#: never be there (a symlink farm, a copied data set) — past either, the walk stops and says so.
+FINGERPRINT_MAX_ENTRIES = 10_000
+FINGERPRINT_MAX_DEPTH = 8
+
+
 def fingerprint(folder: Path) -> Fingerprint:
     """(relative path, size, mtime ns) of every file under ``folder`` (following links):
-    it changes when a bundle in it is written, replaced or removed."""
+    it changes when a bundle in it is written, replaced or removed.
+
+    Each directory is walked once, whatever links lead to it again (a symlink loop is a
+    cycle, recorded as ``(path, -2, -2)``, not followed), at most
+    :data:`FINGERPRINT_MAX_DEPTH` deep and for at most :data:`FINGERPRINT_MAX_ENTRIES`
+    entries: the walk of any folder ends, and quickly."""
     entries: list[tuple[str, int, int]] = []
-    for root, _dirs, files in os.walk(folder, followlinks=True):
-        for name in files:
-            path = Path(root) / name
+    walked: set[tuple[int, int]] = set()
+    pending: list[tuple[Path, int]] = [(folder, 0)]
+    while pending and len(entries) < FINGERPRINT_MAX_ENTRIES:
+        directory, depth = pending.pop()
+        relative = str(directory.relative_to(folder))
+        try:
+            st = directory.stat()
+            if (st.st_dev, st.st_ino) in walked:
+                entries.append((relative + "/", -2, -2))  # a link back: a cycle
+                continue
+            walked.add((st.st_dev, st.st_ino))
+            with os.scandir(directory) as scan:
+                children = sorted(scan, key=lambda e: e.name)
+        except OSError:  # removed while walking, unreadable, a symlink loop
+            entries.append((relative + "/", -1, -1))
+            continue
+        for child in children:
+            path = Path(child.path)
+            try:
+                is_dir = child.is_dir(follow_symlinks=True)  # False for a dangling link
+            except OSError:  # a link to itself (ELOOP): the stat below records it
+                is_dir = False
+            if is_dir:
+                if depth + 1 > FINGERPRINT_MAX_DEPTH:
+                    entries.append((str(path.relative_to(folder)) + "/", -3, -3))
+                else:
+                    pending.append((path, depth + 1))
+                continue
             try:
                 st = path.stat()
             except OSError:  # removed while walking, or a dangling link
                 entries.append((str(path.relative_to(folder)), -1, -1))
                 continue
             entries.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+    if pending or len(entries) > FINGERPRINT_MAX_ENTRIES:
+        entries = entries[:FINGERPRINT_MAX_ENTRIES]
+        entries.append(("…", -4, len(pending)))  # stopped: more than the limit
     return tuple(sorted(entries))
 
 
@@ -144,13 +184,14 @@ class ModelManager:
         """Load every bundle folder again (with ``only_changed``: those whose files changed
         since they were last loaded); unload the names whose folder is gone."""
         report = ReloadReport()
+        # What changed is seen before the lock is taken: a change made meanwhile is seen
+        # next time, and a slow folder (a network mount) never holds up a reload by name.
+        now = await anyio.to_thread.run_sync(snapshot, self.models_dir) if only_changed else {}
         async with self.lock:
             folders = await anyio.to_thread.run_sync(bundle_folders, self.models_dir)
             for folder in folders:
-                if only_changed:
-                    now = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
-                    if self.seen.get(folder) == now:
-                        continue
+                if only_changed and folder in now and self.seen.get(folder) == now[folder]:
+                    continue
                 self._install(await self._load(folder), report)
             for folder in set(self.registry.owners.values()) - set(folders):
                 self._install(FolderLoad(folder), report)
