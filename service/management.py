@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from service.errors import InvalidRequest
 from service.registry import (
     MAX_MANIFEST_BYTES,
     CalibrationSettings,
@@ -110,6 +111,24 @@ def snapshot(models_dir: Path) -> dict[str, Fingerprint]:
     return {folder: fingerprint(models_dir / folder) for folder in bundle_folders(models_dir)}
 
 
+#: Longest model name the admin endpoints take (a bundle's name is at most 128 characters).
+MAX_NAME_CHARS = 128
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if a bundle folder could have it (1-128 printable characters): else
+    :class:`InvalidRequest` (422). A NUL byte reaching the file system would raise
+    ``ValueError`` there, a control character would only ever be a typo or an attack."""
+    if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        shown = repr(name[:40]) + ("…" if len(name) > 40 else "")
+        raise InvalidRequest(
+            f"model name {shown} cannot name a bundle folder: names are 1-{MAX_NAME_CHARS} "
+            "printable characters (no NUL, control characters or line breaks)",
+            length=len(name),
+        )
+    return name
+
+
 class ModelManager:
     """Loads folders of ``models_dir`` into ``registry``; ``on_change`` runs after each
     change (the app updates readiness and metrics there). One change at a time."""
@@ -170,9 +189,10 @@ class ModelManager:
 
     async def reload(self, name: str) -> ReloadReport:
         """Load the folder serving ``name`` (or named ``name``) again; a name that cannot be
-        a bundle folder's (hidden, or with a path separator) loads nothing."""
+        a bundle folder's (hidden, or with a path separator) loads nothing, and one that
+        cannot be a name at all (:func:`check_model_name`) is refused."""
         report = ReloadReport()
-        folder = self.folder_of(name)
+        folder = self.folder_of(check_model_name(name))
         if folder.startswith(".") or "/" in folder or "\\" in folder:
             return report
         async with self.lock:
@@ -203,6 +223,7 @@ class ModelManager:
     async def unload(self, name: str) -> bool:
         """Stop serving ``name`` until its folder is loaded again (a reload, or a change
         that the watcher sees)."""
+        check_model_name(name)
         async with self.lock:
             found = self.registry.unload(name)
             if found:

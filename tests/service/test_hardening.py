@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from service.http import create_app
 from service.server import DrainingServer, HeadTimeoutH11Protocol, listening_socket
@@ -89,3 +92,35 @@ def test_connections_queued_when_shutdown_begins_are_answered_not_reset(
     assert len(statuses) == 12 and all(s in (200, 503) for s in statuses), statuses
     with pytest.raises(ConnectionRefusedError):  # nothing listens any more
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+NASTY_NAMES = ["\x00", "a\x00b", "x\ny", "\r\n2026-11-27 ERROR forged", "..", "%", "é" * 200]
+
+
+def test_no_path_parameter_value_gives_a_5xx(tiny_bundle_dir: Path) -> None:
+    """Issue 27: POST /models/%00/reload answered 500 (the NUL reached the file system).
+    Every route with path parameters, every parameter set to a NUL, a line break, '..', a
+    long or non-ASCII name: a 4xx, never a 5xx; the admin routes refuse a name no bundle
+    folder can have with a clear 422."""
+    app = create_app(
+        Settings(models_dir=tiny_bundle_dir.parent, admin_token="t0k"),  # type: ignore[arg-type]
+    )
+    auth = {"Authorization": "Bearer t0k"}
+    with TestClient(app) as client:
+        paths = client.get("/openapi.json").json()["paths"]
+        templated = [(p, m) for p, methods in paths.items() if "{" in p for m in methods]
+        assert len(templated) >= 10, templated
+        seen = 0
+        for path, method in templated:
+            for value in NASTY_NAMES:
+                url = re.sub(r"\{[^}]+\}", quote(value, safe="").replace("\\", "\\\\"), path)
+                body = {"inputs": []} if method == "post" else None
+                r = client.request(method.upper(), url, headers=auth, json=body)
+                assert r.status_code < 500, (method, path, value, r.text)
+                seen += 1
+        for value in ("\x00", "a\x00b", "x\ny"):
+            for method, url in (("POST", "/models/{}/reload"), ("DELETE", "/models/{}")):
+                r = client.request(method, url.format(quote(value, safe="")), headers=auth)
+                assert r.status_code == 422, r.text
+                assert "cannot name a bundle folder" in r.json()["error"]["message"]
+    assert seen == len(templated) * len(NASTY_NAMES)
