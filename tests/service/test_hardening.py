@@ -8,6 +8,7 @@ path parameters a file system cannot take, the published request schema.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -22,6 +24,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from service.http import create_app
+from service.http.requestlog import configure_logging
 from service.server import DrainingServer, HeadTimeoutH11Protocol, listening_socket
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, png_b64
@@ -114,7 +117,7 @@ def test_no_path_parameter_value_gives_a_5xx(tiny_bundle_dir: Path) -> None:
         for path, method in templated:
             for value in NASTY_NAMES:
                 url = re.sub(r"\{[^}]+\}", quote(value, safe="").replace("\\", "\\\\"), path)
-                body = {"inputs": []} if method == "post" else None
+                body: dict[str, Any] | None = {"inputs": []} if method == "post" else None
                 r = client.request(method.upper(), url, headers=auth, json=body)
                 assert r.status_code < 500, (method, path, value, r.text)
                 seen += 1
@@ -124,3 +127,46 @@ def test_no_path_parameter_value_gives_a_5xx(tiny_bundle_dir: Path) -> None:
                 assert r.status_code == 422, r.text
                 assert "cannot name a bundle folder" in r.json()["error"]["message"]
     assert seen == len(templated) * len(NASTY_NAMES)
+
+
+FORGED = "2026-11-27 08:00:00,000 ERROR budgetserve.api [-] FORGED"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_client_strings_never_start_a_log_line(
+    tiny_bundle_dir: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27: GET /models/x%0a<a log line> wrote a forged ERROR line to the text log (the
+    request line logs the decoded path). Paths, model names, strategies, versions and ids,
+    with line breaks, NEL, U+2028 and quotes in them, through the real app: every line of
+    the log is one of its own records (JSON: one object per line), and the forged text is
+    there only escaped, inside the record that carried it."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    configure_logging(fmt)
+    try:
+        app = create_app(Settings(models_dir=tiny_bundle_dir.parent))
+        with TestClient(app) as client:
+            for sep in ("\n", "\r\n", "\x85", "\u2028"):
+                client.get("/models/x" + quote(sep + FORGED))
+                body = {
+                    "model": "tiny" + sep + FORGED,
+                    "strategy": 'a "b"=c' + sep + FORGED,
+                    "version": "v" + sep + FORGED,
+                    "item": {"png_base64": png_b64(digit_image(1, 16)), "id": sep + FORGED},
+                    "budget": 1.0,
+                }
+                client.post("/predict", json=body)
+        logged = capsys.readouterr().err
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = logged.splitlines()  # splits at \r, \x85 and \u2028 too
+    assert len(lines) > 8 and "FORGED" in logged
+    for line in lines:
+        assert not line.startswith("2026-11-27 08:00:00"), line
+        if fmt == "json":
+            json.loads(line)
+        else:
+            assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ", line), line
+    assert "\\n2026-11-27 08:00:00,000 ERROR" in logged  # escaped, in its own record
