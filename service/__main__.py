@@ -27,13 +27,9 @@ from service import tracing
 from service.http import create_app
 from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
-from service.server import (
-    DrainingMultiprocess,
-    DrainingServer,
-    HeadTimeoutH11Protocol,
-    listening_socket,
-)
+from service.server import DrainingMultiprocess, DrainingServer, HeadTimeoutH11Protocol
 from service.settings import Settings
+from service.startup import StartupError, bind, env_name
 
 log = logging.getLogger("budgetserve.serve")
 
@@ -63,7 +59,7 @@ def settings_error(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "settings"
-        env = f"BUDGETSERVE_{field.upper()}" if err["loc"] else "settings"
+        env = env_name(field) if err["loc"] else "settings"
         found = f"={err['input']!r}" if err["loc"] and "input" in err else ""
         problems.append(f"{env}{found}: {err['msg']}")
     return "budgetserve-serve: invalid settings: " + "; ".join(problems)
@@ -111,7 +107,11 @@ def main(argv: list[str] | None = None) -> None:
             "BUDGETSERVE_WATCH_INTERVAL_S)",
             settings.models_dir.resolve(),
         )
-    sock = listening_socket(settings.host, settings.port)
+    try:
+        sock = bind(settings.host, settings.port)
+    except StartupError as exc:
+        print(f"budgetserve-serve: {exc}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
     log.info(
         "listening on %s:%d (TCP_NODELAY), %d worker(s)",
         settings.host,

@@ -170,3 +170,64 @@ def test_client_strings_never_start_a_log_line(
         else:
             assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ", line), line
     assert "\\n2026-11-27 08:00:00,000 ERROR" in logged  # escaped, in its own record
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"BUDGETSERVE_SENSOR_SOURCES": '{"pima": {"*": {"plugin": "http",}}}'},
+            'BUDGETSERVE_SENSOR_SOURCES=\'{"pima": {"*": {"plugin": "http",}}}\': '
+            "Value error, not valid JSON (Expecting property name enclosed in double quotes "
+            "at line 1 column 34)",
+        ),
+        (
+            {"REDIS_URL": "http://cache:6379/0"},
+            "REDIS_URL='http://cache:6379/0': Value error, must",
+        ),
+        ({"BUDGETSERVE_ADMIN_TOKEN": " "}, "BUDGETSERVE_ADMIN_TOKEN=' ': Value error, is blank"),
+        ({"BUDGETSERVE_HOST": "nohost.invalid"}, "the host does not resolve"),
+        ({"BUDGETSERVE_PORT": "in use"}, "the port is in use by another process"),
+    ],
+)
+def test_start_up_problems_are_one_readable_line_and_exit_2(
+    tiny_bundle_dir: Path,
+    env: dict[str, str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 27: invalid JSON in BUDGETSERVE_SENSOR_SOURCES (a 42-line traceback), a
+    REDIS_URL that is not Redis's, a port in use and a host that does not resolve were
+    tracebacks; a blank BUDGETSERVE_ADMIN_TOKEN was taken, locking admin for good. Each is
+    now one line naming the setting, and exit status 2, before anything starts."""
+    from service.__main__ import main
+
+    for name in list(os.environ):
+        if name.startswith("BUDGETSERVE_") or name == "REDIS_URL":
+            monkeypatch.delenv(name)
+    # A setting must fail before the folder is even looked at: with no folder, a setting
+    # taken (a regression) ends in the folder's own error, not in a server that serves.
+    binding = "BUDGETSERVE_HOST" in env or "BUDGETSERVE_PORT" in env
+    folder = tiny_bundle_dir.parent if binding else tiny_bundle_dir / "no-such-folder"
+    monkeypatch.setenv("BUDGETSERVE_MODELS_DIR", str(folder))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    if env.get("BUDGETSERVE_PORT") == "in use":
+        env = {"BUDGETSERVE_PORT": str(holder.getsockname()[1])}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main([])
+    finally:
+        holder.close()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith("budgetserve-serve: ") and says in line, line
