@@ -231,3 +231,66 @@ def test_start_up_problems_are_one_readable_line_and_exit_2(
     assert exited.value.code == 2
     [line] = err.strip().splitlines()
     assert line.startswith("budgetserve-serve: ") and says in line, line
+
+
+def test_the_schema_says_exactly_one_of_budget_and_total_budget(tiny_bundle_dir: Path) -> None:
+    """Issue 27: schemathesis sent batch bodies valid by the published schema, with both
+    'budget' and 'total_budget' (or neither), and got 422: the schema did not say "exactly
+    one". It does now, and the server and the schema agree on every combination."""
+    import jsonschema
+
+    app = create_app(Settings(models_dir=tiny_bundle_dir.parent))
+    item = {"png_base64": png_b64(digit_image(2, 16))}
+    with TestClient(app) as client:
+        spec = client.get("/openapi.json").json()
+        body_schema = spec["paths"]["/predict"]["post"]["requestBody"]["content"]
+        schema = {**body_schema["application/json"]["schema"], "components": spec["components"]}
+        validator = jsonschema.Draft202012Validator(schema)
+        combinations: list[tuple[dict[str, float | None], bool]] = [
+            ({"budget": 1.0}, True),
+            ({"total_budget": 1.0}, True),
+            ({"budget": 1.0, "total_budget": None}, True),
+            ({"budget": None, "total_budget": 1.0}, True),
+            ({"budget": 1.0, "total_budget": 1.0}, False),
+            ({}, False),
+            ({"budget": None, "total_budget": None}, False),
+        ]
+        for budgets, valid in combinations:
+            body: dict[str, Any] = {"model": "tiny", "items": [item, item], **budgets}
+            assert validator.is_valid(body) is valid, budgets
+            r = client.post("/predict", json=body)
+            assert r.status_code == (200 if valid else 422), (budgets, r.text)
+
+
+def test_v2_tabular_ids_alone_are_items_and_values_columns_are_named_once(
+    router_bundle_dir: Path,
+) -> None:
+    """Issue 27: a tabular v2 request carrying only ID got 400 where POST /predict takes
+    {"id": ...}; VALUES with a column named twice was taken silently (the last one won)."""
+    app = create_app(Settings(models_dir=router_bundle_dir.parent))
+    ids = {"name": "ID", "datatype": "BYTES", "shape": [2], "data": ["p-1", "p-2"]}
+    with TestClient(app) as client:
+        r = client.post(
+            "/v2/models/router/infer", json={"inputs": [ids], "parameters": {"budget": 6.0}}
+        )
+        assert r.status_code == 200, r.text
+        answers = next(o for o in r.json()["outputs"] if o["name"] == "RESPONSE")["data"]
+        single = client.post(
+            "/predict", json={"model": "router", "item": {"id": "p-1"}, "budget": 6.0}
+        ).json()
+        for raw in answers:
+            answer = json.loads(raw)
+            assert answer["answered_by"] == single["answered_by"] == "prior"
+            assert answer["next_sensor"] == single["next_sensor"] == "r"
+        values = {
+            "name": "VALUES",
+            "datatype": "FP32",
+            "shape": [1, 2],
+            "parameters": {"columns": "r, r"},
+            "data": [0.5, -0.5],
+        }
+        r = client.post(
+            "/v2/models/router/infer", json={"inputs": [values], "parameters": {"budget": 6.0}}
+        )
+        assert r.status_code == 400, r.text
+        assert "names 'r' more than once" in r.json()["error"]
