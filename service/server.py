@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -145,6 +146,8 @@ def _worker_process_class(cls: type[Process]) -> Iterator[None]:
         multiprocess.Process = original  # type: ignore[misc]
 
 
+log = logging.getLogger("budgetserve.serve")
+
 #: At shutdown, how long a connection that has not sent a request head yet may take to send it.
 SHUTDOWN_HEAD_TIMEOUT_S = 1.0
 
@@ -214,6 +217,12 @@ class HeadTimeoutH11Protocol(H11Protocol):
         # IDLE: no complete request head since the timer was armed (a request in progress
         # has moved the client's side on to SEND_BODY or DONE).
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._last_request:
+                log.info(
+                    "shutting down: closed a connection from %s that sent no request within %g s",
+                    self.client and f"{self.client[0]}:{self.client[1]}",
+                    min(header_timeout_s(), SHUTDOWN_HEAD_TIMEOUT_S),
+                )
             if self.conn.our_state is h11.IDLE:
                 self.conn.send(h11.ConnectionClosed())
             self.transport.close()
