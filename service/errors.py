@@ -192,8 +192,9 @@ class AdminDisabled(BudgetServeError):
 class AdminUnauthorized(BudgetServeError):
     code = "admin_unauthorized"
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         super().__init__(
             "missing or wrong admin token: send 'Authorization: Bearer <token>' with the "
             "value of the server's BUDGETSERVE_ADMIN_TOKEN"
+            + ("" if enabled else " (unset on this server: model management is disabled)")
         )

@@ -221,8 +221,8 @@ class Settings(BaseSettings):
         default=None,
         description="enables the model management endpoints (POST /-/reload, POST "
         "/models/{name}/reload, DELETE /models/{name}), which then require "
-        "'Authorization: Bearer <token>' (else 401); unset: they answer 403; blank: refused "
-        "at start",
+        "'Authorization: Bearer <token>' (else 401); unset: disabled (403 to a bearer token); "
+        "blank: refused at start",
     )
     watch_interval_s: float = Field(
         default=0.0,

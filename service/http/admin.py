@@ -1,9 +1,11 @@
 """Model management over HTTP: ``POST /-/reload`` (every folder, like Prometheus's
 ``/-/reload``), ``POST /models/{name}/reload``, ``DELETE /models/{name}``.
 
-While ``BUDGETSERVE_ADMIN_TOKEN`` is unset, model management is disabled: every call answers
-403, whatever it sends. Once it is set, each call must send ``Authorization: Bearer <token>``
-with it, else 401. (A blank token is refused at start: ``service.settings``.)
+Each call must send ``Authorization: Bearer <token>``, the token being
+``BUDGETSERVE_ADMIN_TOKEN``: a call without it is a 401 (RFC 9110: the credentials are
+missing; the message says when management is disabled), a call with another token too. While
+the token is unset, model management is disabled: a call that sends a bearer token is a 403.
+A blank token is refused at start (``service.settings``).
 A call changes the worker process that receives it; with ``BUDGETSERVE_WORKERS`` > 1 the
 answer says so (``scope``), and folder watching (``BUDGETSERVE_WATCH_INTERVAL_S``) is what
 reloads every worker.
@@ -28,10 +30,10 @@ State = Annotated[AppState, Depends(app_state)]
 
 def _manager(state: AppState, credentials: HTTPAuthorizationCredentials | None) -> ModelManager:
     token = state.settings.admin_token
-    if token is None:  # disabled: 403 whatever the request sends
-        raise errors.AdminDisabled()
     if credentials is None:
-        raise errors.AdminUnauthorized()
+        raise errors.AdminUnauthorized(enabled=token is not None)
+    if token is None:
+        raise errors.AdminDisabled()
     if not hmac.compare_digest(credentials.credentials.encode(), token.get_secret_value().encode()):
         raise errors.AdminUnauthorized()
     if state.manager is None:
