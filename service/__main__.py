@@ -27,8 +27,9 @@ from service import tracing
 from service.http import create_app
 from service.http.requestlog import configure_logging
 from service.registry import bundle_folders
-from service.server import DrainingMultiprocess, listening_socket, uvicorn_options, worker_count
+from service.server import DrainingMultiprocess, DrainingServer, uvicorn_options, worker_count
 from service.settings import Settings
+from service.startup import StartupError, bind, env_name
 
 log = logging.getLogger("budgetserve.serve")
 
@@ -62,7 +63,7 @@ def settings_error(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors(include_url=False):
         field = ".".join(str(p) for p in err["loc"]) or "settings"
-        env = f"BUDGETSERVE_{field.upper()}" if err["loc"] else "settings"
+        env = env_name(field) if err["loc"] else "settings"
         found = f"={err['input']!r}" if err["loc"] and "input" in err else ""
         problems.append(f"{env}{found}: {err['msg']}")
     return "budgetserve-serve: invalid settings: " + "; ".join(problems)
@@ -114,7 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     # What the app reports (the admin API's scope) and what several workers read.
     os.environ["BUDGETSERVE_WORKERS"] = str(workers)
     settings = settings.model_copy(update={"workers": workers})
-    sock = listening_socket(settings.host, settings.port)
+    try:
+        sock = bind(settings.host, settings.port)
+    except StartupError as exc:
+        print(f"budgetserve-serve: {exc}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
     log.info(
         "listening on %s:%d (TCP_NODELAY), %d worker(s)",
         settings.host,
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             timeout_graceful_shutdown=30,
             **uvicorn_options(),
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config)
         try:
             server.run(sockets=[sock])
         finally:

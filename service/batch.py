@@ -21,6 +21,13 @@ unit), planned in two layers:
   allotment, which never exceeds what is left. A strategy that overruns a budget by at most
   one extraction's misprediction therefore overruns ``total`` by at most the largest such
   misprediction over the batch (an item whose allotment is 0 extracts nothing).
+
+Memory: items are decoded one at a time up front (a bad item fails the batch before anything
+is spent), and only what the plan needs of each is kept (its size, cache key and the sensors
+it sent), never its pixels: the batch holds at most one decoded item outside the predict
+handler, whose admission counts each item's decoded bytes (``BUDGETSERVE_MAX_QUEUED_BYTES``)
+as it does a single request's. A budget per item is capped like a total: ``budget`` times the
+number of items may not pass ``BUDGETSERVE_MAX_BUDGET_MS`` (measured costs).
 """
 
 from __future__ import annotations
@@ -34,9 +41,8 @@ from functools import partial
 from typing import Any
 
 from service.cache import CacheBypassed, CacheDeadline, CacheUnavailable, feature_key
-from service.errors import BudgetServeError, BudgetTooLarge, InvalidRequest
+from service.errors import BatchBudgetTooLarge, BudgetServeError, BudgetTooLarge, InvalidRequest
 from service.handler import PredictHandler
-from service.items import DecodedItem
 from service.registry import Bundle
 from service.schemas import PredictResponse
 from service.strategies.base import StrategyRuntime, pareto
@@ -295,6 +301,10 @@ async def predict_batch(
 
     bundle = handler.registry.get(model, version)
     bundle.strategy(strategy)  # an unknown strategy fails before anything is decoded
+    measured = bundle.manifest.cost_basis == "measured"
+    if budget is not None and measured and budget * len(items) > handler.limits.max_budget_ms:
+        # Each item's budget is the batch's too: together they may not pass the cap.
+        raise BatchBudgetTooLarge(float(budget), len(items), handler.limits.max_budget_ms)
     decoded = await _decode_all(handler, bundle, items)
     plan: BatchPlan | None = None
     if budget is not None:
@@ -322,7 +332,7 @@ async def predict_batch(
 async def _run_total(
     handler: PredictHandler,
     bundle: Bundle,
-    decoded: Sequence[DecodedItem],
+    decoded: Sequence[Planned],
     strategy: str | None,
     total: float,
     run: Callable[[int, float], Awaitable[float]],
@@ -334,7 +344,7 @@ async def _run_total(
     measured = bundle.manifest.cost_basis == "measured"
     if measured and total > handler.limits.max_budget_ms:
         raise BudgetTooLarge(float(total), handler.limits.max_budget_ms)
-    in_hand = [set(handler._given(bundle, d)) for d in decoded]
+    in_hand = [set(d.given) for d in decoded]
     for names, found in zip(in_hand, await _cached(handler, bundle, decoded), strict=True):
         names.update(found)
     overhead = OverheadTracker(handler.reserve_ms if measured else 0.0)
@@ -359,27 +369,40 @@ async def _run_total(
     return await run_batch(options, len(decoded), float(total), run_shared, overhead)
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What the batch plan needs of a decoded item: its size, cache key and the sensors its
+    values hold (tabular), not the decoded data itself."""
+
+    size: int
+    key: str
+    given: frozenset[str]
+
+
 async def _decode_all(
     handler: PredictHandler, bundle: Bundle, items: Sequence[Any]
-) -> list[DecodedItem]:
-    """Every item decoded, so that a bad item fails the batch before anything is spent; its
-    error names its index."""
-    decoded: list[DecodedItem] = []
+) -> list[Planned]:
+    """Every item decoded, one at a time, so that a bad item fails the batch before anything
+    is spent (its error names its index); of each, only what the plan needs is kept."""
+    planned: list[Planned] = []
     for i, item in enumerate(items):
         try:
             if bundle.decoder.heavy(item):
-                decoded.append(await handler._in_thread(partial(bundle.decoder.decode, item)))
+                decoded = await handler._in_thread(partial(bundle.decoder.decode, item))
             else:
-                decoded.append(bundle.decoder.decode(item))
+                decoded = bundle.decoder.decode(item)
         except BudgetServeError as exc:
             exc.details.setdefault("item", i)
             exc.message = f"items[{i}]: {exc.message}"
             raise
-    return decoded
+        given = frozenset(handler._given(bundle, decoded))
+        planned.append(Planned(size=decoded.size, key=decoded.key, given=given))
+        del decoded  # the next item's decoding must not find this one still held
+    return planned
 
 
 async def _cached(
-    handler: PredictHandler, bundle: Bundle, items: Sequence[DecodedItem]
+    handler: PredictHandler, bundle: Bundle, items: Sequence[Planned]
 ) -> list[set[str]]:
     """Which features of each item the cache holds now (one read for the batch; a failing or
     bypassed cache holds nothing). For planning only: each item reads its own when it runs."""

@@ -87,6 +87,11 @@ class StrategySpec(_Strict):
     def referenced_models(self) -> set[str]:
         """Ids of the bundle's models this strategy may answer with (all must exist)."""
 
+    def score_models(self) -> set[str]:
+        """Ids of the bundle's models whose output is a vector of scores, not class
+        probabilities (the loader's warm-up then checks only that it is finite)."""
+        return set()
+
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
     ) -> None:
@@ -701,6 +706,9 @@ class _StructuredStrategy(StrategySpec):
 
     def referenced_models(self) -> set[str]:
         return {t.model for t in self.templates} | {self.answer_model}
+
+    def score_models(self) -> set[str]:
+        return {t.model for t in self.templates}  # emission scores
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]

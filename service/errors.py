@@ -35,6 +35,20 @@ class BudgetTooLarge(InvalidRequest):
         )
 
 
+class BatchBudgetTooLarge(InvalidRequest):
+    def __init__(self, budget: float, items: int, limit: float) -> None:
+        super().__init__(
+            f"'budget' is {budget:g} ms for each of {items} items, {budget * items:g} ms in all, "
+            f"but this service grants a batch at most {limit:g} ms in all (the same cap as one "
+            f"request's budget); send a budget <= {limit / items:g} ms per item, fewer items, "
+            "or a 'total_budget' to share, or raise BUDGETSERVE_MAX_BUDGET_MS on the server",
+            budget=budget,
+            items=items,
+            total=budget * items,
+            max_budget=limit,
+        )
+
+
 class ItemTooLarge(BudgetServeError):
     code = "item_too_large"
 

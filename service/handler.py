@@ -63,6 +63,8 @@ class Limits:
     max_budget_ms: float = float("inf")
     max_queued: int = 1 << 30
     max_queued_bytes: int = 1 << 62
+    #: Longest wait for a thread of a request whose budget is not in ms (declared costs).
+    max_wait_s: float = 1.0
 
 
 class ThreadGate:
@@ -350,6 +352,8 @@ class PredictHandler:
             wait_limit = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
             affordable = left_ms >= cheapest
             inline = affordable and left_ms <= self.inline_ms
+        else:  # a budget that is not time: wait at most max_wait_s, then answer from what it has
+            wait_limit = self.limits.max_wait_s
         queued_s = 0.0
         if measured and not affordable:
             # Answer from what is in hand, on this loop: with a budget of 0 the strategy's

@@ -24,7 +24,9 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from service.errors import InvalidRequest
 from service.registry import (
+    MAX_MANIFEST_BYTES,
     CalibrationSettings,
     FolderLoad,
     Registry,
@@ -48,25 +50,83 @@ class ReloadReport:
     unloaded: list[str] = field(default_factory=list)
 
 
+#: Most entries one folder's fingerprint holds, and how deep it walks: a bundle folder holds a
+#: manifest and its ONNX files (versions one level down), so these bound only what should
+#: never be there (a symlink farm, a copied data set) — past either, the walk stops and says so.
+FINGERPRINT_MAX_ENTRIES = 10_000
+FINGERPRINT_MAX_DEPTH = 8
+
+
 def fingerprint(folder: Path) -> Fingerprint:
     """(relative path, size, mtime ns) of every file under ``folder`` (following links):
-    it changes when a bundle in it is written, replaced or removed."""
+    it changes when a bundle in it is written, replaced or removed.
+
+    Each directory is walked once, whatever links lead to it again (a symlink loop is a
+    cycle, recorded as ``(path, -2, -2)``, not followed), at most
+    :data:`FINGERPRINT_MAX_DEPTH` deep and for at most :data:`FINGERPRINT_MAX_ENTRIES`
+    entries: the walk of any folder ends, and quickly."""
     entries: list[tuple[str, int, int]] = []
-    for root, _dirs, files in os.walk(folder, followlinks=True):
-        for name in files:
-            path = Path(root) / name
+    walked: set[tuple[int, int]] = set()
+    pending: list[tuple[Path, int]] = [(folder, 0)]
+    while pending and len(entries) < FINGERPRINT_MAX_ENTRIES:
+        directory, depth = pending.pop()
+        relative = str(directory.relative_to(folder))
+        try:
+            st = directory.stat()
+            if (st.st_dev, st.st_ino) in walked:
+                entries.append((relative + "/", -2, -2))  # a link back: a cycle
+                continue
+            walked.add((st.st_dev, st.st_ino))
+            with os.scandir(directory) as scan:
+                children = sorted(scan, key=lambda e: e.name)
+        except OSError:  # removed while walking, unreadable, a symlink loop
+            entries.append((relative + "/", -1, -1))
+            continue
+        for child in children:
+            path = Path(child.path)
+            try:
+                is_dir = child.is_dir(follow_symlinks=True)  # False for a dangling link
+            except OSError:  # a link to itself (ELOOP): the stat below records it
+                is_dir = False
+            if is_dir:
+                if depth + 1 > FINGERPRINT_MAX_DEPTH:
+                    entries.append((str(path.relative_to(folder)) + "/", -3, -3))
+                else:
+                    pending.append((path, depth + 1))
+                continue
             try:
                 st = path.stat()
             except OSError:  # removed while walking, or a dangling link
                 entries.append((str(path.relative_to(folder)), -1, -1))
                 continue
             entries.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+    if pending or len(entries) > FINGERPRINT_MAX_ENTRIES:
+        entries = entries[:FINGERPRINT_MAX_ENTRIES]
+        entries.append(("…", -4, len(pending)))  # stopped: more than the limit
     return tuple(sorted(entries))
 
 
 def snapshot(models_dir: Path) -> dict[str, Fingerprint]:
     """The fingerprint of every bundle folder of ``models_dir``."""
     return {folder: fingerprint(models_dir / folder) for folder in bundle_folders(models_dir)}
+
+
+#: Longest model name the admin endpoints take (a bundle's name is at most 128 characters).
+MAX_NAME_CHARS = 128
+
+
+def check_model_name(name: str) -> str:
+    """``name`` if a bundle folder could have it (1-128 printable characters): else
+    :class:`InvalidRequest` (422). A NUL byte reaching the file system would raise
+    ``ValueError`` there, a control character would only ever be a typo or an attack."""
+    if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        shown = repr(name[:40]) + ("…" if len(name) > 40 else "")
+        raise InvalidRequest(
+            f"model name {shown} cannot name a bundle folder: names are 1-{MAX_NAME_CHARS} "
+            "printable characters (no NUL, control characters or line breaks)",
+            length=len(name),
+        )
+    return name
 
 
 class ModelManager:
@@ -81,8 +141,10 @@ class ModelManager:
         calibration: CalibrationSettings | None = None,
         sources: SensorSources | None = None,
         on_change: Callable[[], None] = lambda: None,
+        max_manifest_bytes: int = MAX_MANIFEST_BYTES,
     ) -> None:
         self.registry = registry
+        self.max_manifest_bytes = max_manifest_bytes
         self.models_dir = models_dir
         self.max_pixels = max_pixels
         self.calibration = calibration
@@ -98,7 +160,13 @@ class ModelManager:
     async def _load(self, folder: str) -> FolderLoad:
         self.seen[folder] = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
         return await anyio.to_thread.run_sync(
-            load_folder, self.models_dir, folder, self.max_pixels, self.calibration, self.sources
+            load_folder,
+            self.models_dir,
+            folder,
+            self.max_pixels,
+            self.calibration,
+            self.sources,
+            self.max_manifest_bytes,
         )
 
     def _install(self, load: FolderLoad, report: ReloadReport) -> None:
@@ -121,9 +189,10 @@ class ModelManager:
 
     async def reload(self, name: str) -> ReloadReport:
         """Load the folder serving ``name`` (or named ``name``) again; a name that cannot be
-        a bundle folder's (hidden, or with a path separator) loads nothing."""
+        a bundle folder's (hidden, or with a path separator) loads nothing, and one that
+        cannot be a name at all (:func:`check_model_name`) is refused."""
         report = ReloadReport()
-        folder = self.folder_of(name)
+        folder = self.folder_of(check_model_name(name))
         if folder.startswith(".") or "/" in folder or "\\" in folder:
             return report
         async with self.lock:
@@ -135,13 +204,14 @@ class ModelManager:
         """Load every bundle folder again (with ``only_changed``: those whose files changed
         since they were last loaded); unload the names whose folder is gone."""
         report = ReloadReport()
+        # What changed is seen before the lock is taken: a change made meanwhile is seen
+        # next time, and a slow folder (a network mount) never holds up a reload by name.
+        now = await anyio.to_thread.run_sync(snapshot, self.models_dir) if only_changed else {}
         async with self.lock:
             folders = await anyio.to_thread.run_sync(bundle_folders, self.models_dir)
             for folder in folders:
-                if only_changed:
-                    now = await anyio.to_thread.run_sync(fingerprint, self.models_dir / folder)
-                    if self.seen.get(folder) == now:
-                        continue
+                if only_changed and folder in now and self.seen.get(folder) == now[folder]:
+                    continue
                 self._install(await self._load(folder), report)
             # Gone: folders that served, and folders whose failure is still reported.
             failed = {f.folder.split("/", 1)[0] for f in self.registry.failures}
@@ -155,6 +225,7 @@ class ModelManager:
     async def unload(self, name: str) -> bool:
         """Stop serving ``name`` until its folder is loaded again (a reload, or a change
         that the watcher sees)."""
+        check_model_name(name)
         async with self.lock:
             found = self.registry.unload(name)
             if found:

@@ -22,7 +22,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 import service.strategies  # noqa: F401  (registers the built-in strategy runtimes)
-from service.bundle import MANIFEST_FILE, Manifest, read_manifest
+from service.bundle import MANIFEST_FILE, Manifest
 from service.cache import extractor_tag
 from service.calibration import CostCalibrator
 from service.errors import (
@@ -192,16 +192,24 @@ class CalibrationSettings:
     min_samples: int = 30
 
 
+#: Largest manifest.json read by default (``BUDGETSERVE_MAX_MANIFEST_BYTES``): the largest
+#: manifests built here are ~2.5 MB (a parser bundle); parsing one costs ~70 ms per MB of CPU,
+#: holding the GIL, and ~10x its size in memory.
+MAX_MANIFEST_BYTES = 16 << 20
+
+
 def load_bundle(
     path: Path,
     max_pixels: int,
     calibration: CalibrationSettings | None = None,
     sources: SensorSources | None = None,
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES,
 ) -> Bundle:
     """Load the bundle in ``path``; ``sources`` (``BUDGETSERVE_SENSOR_SOURCES``) gives its
-    sensors their acquirers, looked up by the manifest's name."""
+    sensors their acquirers, looked up by the manifest's name. A manifest over
+    ``max_manifest_bytes`` is refused before it is read."""
     calibration = calibration or CalibrationSettings()
-    manifest = _read_manifest(path)
+    manifest = _read_manifest(path, max_manifest_bytes)
     try:
         return _load(path, manifest, max_pixels, calibration, (sources or {}).get(manifest.name))
     except BundleError as exc:
@@ -213,18 +221,33 @@ def load_bundle(
         ) from exc
 
 
-def _read_manifest(path: Path) -> Manifest:
+def _read_manifest(path: Path, max_bytes: int = MAX_MANIFEST_BYTES) -> Manifest:
     """The bundle's manifest, with errors that name the problem and not the server's paths
-    or the manifest's raw bytes."""
+    or the manifest's raw bytes. At most ``max_bytes`` are read: a larger file is refused
+    from its size, without reading it."""
     entry = path / MANIFEST_FILE
-    if not entry.resolve().is_relative_to(path.resolve()):
-        raise BundleError(f"{MANIFEST_FILE} is a link leading outside the bundle folder")
+    try:
+        if not entry.resolve().is_relative_to(path.resolve()):
+            raise BundleError(f"{MANIFEST_FILE} is a link leading outside the bundle folder")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise BundleError(f"{MANIFEST_FILE} cannot be resolved (a symlink loop?)") from exc
     if entry.is_dir():
         raise BundleError(f"{MANIFEST_FILE} is a directory, not a file")
     if not entry.is_file():
         raise BundleError(f"{MANIFEST_FILE} is not a regular file (a dangling link?)")
     try:
-        return read_manifest(path)
+        with entry.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(raw) > max_bytes:
+            size = max(size, len(raw))
+            raise BundleError(
+                f"{MANIFEST_FILE} is {_bytes(size)}; the limit is {_bytes(max_bytes)} "
+                "(BUDGETSERVE_MAX_MANIFEST_BYTES): a manifest "
+                "holds metadata, not data (keep arrays in files of the bundle), or raise the "
+                "limit"
+            )
+        return Manifest.model_validate_json(raw)
     except ValidationError as exc:
         problems = exc.errors(include_url=False, include_input=False)
         shown = "; ".join(
@@ -234,7 +257,7 @@ def _read_manifest(path: Path) -> Manifest:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise BundleError(
             f"{MANIFEST_FILE} is not a valid manifest: {shown}{more}",
-            bundle=_declared_name(entry),
+            bundle=_declared_name(raw),
         ) from exc
     except OSError as exc:
         raise BundleError(f"cannot read {MANIFEST_FILE}: {exc.strerror or exc}") from exc
@@ -242,14 +265,18 @@ def _read_manifest(path: Path) -> Manifest:
         raise BundleError(f"cannot read {MANIFEST_FILE}: {type(exc).__name__}") from exc
 
 
-def _declared_name(entry: Path) -> str | None:
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
+
+
+def _declared_name(raw: bytes) -> str | None:
     """The ``name`` a manifest that failed validation declares, if it is readable JSON with a
     plain string name (so requests for that name get 503 rather than 404)."""
     try:
-        raw = json.loads(entry.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
         return None
-    name = raw.get("name") if isinstance(raw, dict) else None
+    name = parsed.get("name") if isinstance(parsed, dict) else None
     if isinstance(name, str) and 0 < len(name) <= 128 and name.isprintable():
         return name
     return None
@@ -322,7 +349,9 @@ def _warm_up(
 ) -> None:
     """Run the decoder (on a blank PNG for images), every extractor and every model once, so
     first requests don't pay one-off costs (lazy imports such as Pillow's PNG plugin, ~10 ms;
-    allocator growth; ONNX Runtime's first-run set-up) against their budgets."""
+    allocator growth; ONNX Runtime's first-run set-up) against their budgets; and check that
+    every model answers class probabilities there (a bundle with NaN weights would otherwise
+    take over and answer every request 422, blaming the client's values)."""
     kind = manifest.item.kind
     blank: Any = dict.fromkeys(manifest.item.columns, 0.0)  # tabular
     if kind == "image":
@@ -344,8 +373,43 @@ def _warm_up(
                 f"bundle {manifest.name!r}: extractor {name!r} failed its warm-up on a blank "
                 f"{kind} item: {exc}"
             ) from exc
-    for model in models.values():
-        model.predict_proba(features)
+    scores = {m for strategy in manifest.strategies for m in strategy.score_models()}
+    for model_id, model in models.items():
+        output = model.predict_proba(features)
+        problem = not_finite(output) if model_id in scores else not_probabilities(output)
+        if problem is not None:
+            raise BundleError(
+                f"bundle {manifest.name!r}: model {model_id!r} gives {problem} on a blank "
+                f"{kind} item at warm-up (NaN or corrupted weights?); the bundle is refused"
+            )
+
+
+#: How far from [0, 1], and from a sum of 1, a model's float32 probabilities may be.
+PROBABILITY_TOLERANCE = 1e-3
+
+
+def not_finite(values: Any) -> str | None:
+    """What keeps ``values`` (a model's scores) from being a finite vector, or None."""
+    scores = np.asarray(values, dtype=np.float64)
+    if scores.size == 0:
+        return "no output"
+    if not np.all(np.isfinite(scores)):
+        return f"non-finite outputs ({int(np.sum(~np.isfinite(scores)))} NaN or infinite)"
+    return None
+
+
+def not_probabilities(values: Any) -> str | None:
+    """What keeps ``values`` from being class probabilities (finite, in [0, 1], summing to
+    1 within :data:`PROBABILITY_TOLERANCE`), or None when they are."""
+    problem = not_finite(values)
+    if problem is not None:
+        return problem
+    probs = np.asarray(values, dtype=np.float64)
+    if probs.min() < -PROBABILITY_TOLERANCE or probs.max() > 1.0 + PROBABILITY_TOLERANCE:
+        return f"values outside [0, 1] (from {probs.min():.4g} to {probs.max():.4g})"
+    if abs(probs.sum() - 1.0) > PROBABILITY_TOLERANCE:
+        return f"probabilities that sum to {probs.sum():.4g}, not 1"
+    return None
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~/-])/(?:[^\s'\"/:]+/)+([^\s'\":/]*)")
@@ -405,6 +469,7 @@ def load_folder(
     max_pixels: int,
     calibration: CalibrationSettings | None = None,
     sources: SensorSources | None = None,
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES,
 ) -> FolderLoad:
     """Load ``models_dir/folder``: one bundle (flat layout, labelled by its manifest's
     version) or every ``<version>/`` subfolder of it (each labelled by its folder name and
@@ -416,7 +481,7 @@ def load_folder(
     for label, target in targets:
         where = folder if label is None else f"{folder}/{label}"
         try:
-            bundle = load_bundle(target, max_pixels, calibration, sources)
+            bundle = load_bundle(target, max_pixels, calibration, sources, max_manifest_bytes)
             if label is not None and bundle.name != folder:
                 raise BundleError(
                     f"version folder {where!r} holds bundle {bundle.name!r}; the versions in "
@@ -446,10 +511,13 @@ def load_registry(
     max_pixels: int,
     calibration: CalibrationSettings | None = None,
     sources: SensorSources | None = None,
+    max_manifest_bytes: int = MAX_MANIFEST_BYTES,
 ) -> Registry:
     registry = Registry()
     for folder in bundle_folders(models_dir):
-        registry.install(load_folder(models_dir, folder, max_pixels, calibration, sources))
+        registry.install(
+            load_folder(models_dir, folder, max_pixels, calibration, sources, max_manifest_bytes)
+        )
     for name in sorted(set(sources or {}) - set(registry.bundles) - set(registry.failed)):
         log.warning("BUDGETSERVE_SENSOR_SOURCES names bundle %r, which is not loaded", name)
     return registry

@@ -10,6 +10,11 @@ request heads).
   socket as soon as it is told to stop, before it signals the workers (each closes its own as
   its graceful shutdown begins): new connections are refused at once instead of waiting in
   the accept queue of a socket nobody accepts from, while requests in flight complete.
+- :class:`DrainingServer` (every worker, and the one process of a single worker): before it
+  closes its listening socket at shutdown, it takes in the connections already waiting in
+  the socket's accept queue and serves their one request each (``Connection: close``).
+  Closing a listening socket resets the connections still queued on it: under overload
+  their clients saw a read error after sending, and the server never logged them.
 - :class:`ClockedProtocol`: uvicorn's httptools protocol (its C parser), wrapped, not
   subclassed: it forwards every ``asyncio.Protocol`` call to uvicorn's own protocol, and
   around them keeps the connection's :class:`ConnectionClock`. The clock knows when the
@@ -32,17 +37,22 @@ receipt is the app's first sight of it and heads are not timed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn.supervisors import multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from service.settings import Settings
 
@@ -107,6 +117,90 @@ class DrainingMultiprocess(Multiprocess):
             sock.close()
         super().terminate_all()
 
+    def run(self) -> None:
+        # Every worker process uvicorn starts (at start-up, on a restart, in place of one
+        # that died) is made inside ``run``: let them be DrainingProcess ones. (uvicorn's
+        # supervisor takes no server class; its module's ``Process`` is the one hook.)
+        with _worker_process_class(DrainingProcess):
+            super().run()
+
+
+#: Most connections one process takes in from its accept queue at shutdown (uvicorn's
+#: default backlog is 2048).
+MAX_ADOPTED = 4096
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, taking in the connections waiting in its listening sockets' accept
+    queue as it closes them at shutdown (see the module). Each is served like any other
+    connection: its request gets an answer (a prediction, or the 503 of an overloaded
+    process) and is logged; then the connection closes."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Take the queue and close the listeners in one step, with no await between them:
+        # a connection completing its handshake meanwhile would be queued again, and reset.
+        queued = _accept_queued(sockets or [])
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        loop = asyncio.get_running_loop()
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+            return made
+
+        for conn in queued:
+            try:
+                await loop.connect_accepted_socket(protocol, conn)
+            except OSError:  # the client gave up meanwhile
+                conn.close()
+        await super().shutdown(sockets=sockets)  # closing again is a no-op
+
+
+def _accept_queued(sockets: list[socket.socket]) -> list[socket.socket]:
+    """The connections waiting in the accept queues of ``sockets`` (non-blocking: asyncio
+    made them so), at most :data:`MAX_ADOPTED`."""
+    accepted: list[socket.socket] = []
+    for listener in sockets:
+        while len(accepted) < MAX_ADOPTED:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # BlockingIOError: the queue is empty (or the socket is closed)
+                break
+            conn.setblocking(False)
+            accepted.append(conn)
+    return accepted
+
+
+class DrainingProcess(Process):
+    """uvicorn's worker process, serving with a :class:`DrainingServer`."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = DrainingServer(config=self.config)
+        return self._server
+
+
+@contextlib.contextmanager
+def _worker_process_class(cls: type[Process]) -> Iterator[None]:
+    original = multiprocess.Process
+    multiprocess.Process = cls  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        multiprocess.Process = original  # type: ignore[misc]
+
+
+log = logging.getLogger("budgetserve.serve")
+
+#: At shutdown, how long a connection that has not sent a request head yet may take to send it.
+SHUTDOWN_HEAD_TIMEOUT_S = 1.0
+
 
 @functools.cache
 def header_timeout_s() -> float:
@@ -121,7 +215,7 @@ class ConnectionClock:
     yet begun arrived (None before any). ``busy``: a request is being served (its head
     arrived; its response is not done)."""
 
-    __slots__ = ("_loop", "_timer", "_transport", "busy", "first_byte_at")
+    __slots__ = ("_loop", "_timer", "_transport", "busy", "first_byte_at", "last_request")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.BaseTransport) -> None:
         self._loop = loop
@@ -129,6 +223,7 @@ class ConnectionClock:
         self._timer: asyncio.TimerHandle | None = None
         self.first_byte_at: float | None = None
         self.busy = False
+        self.last_request = False  # shutting down: serve the request on its way, then close
 
     def bytes_arrived(self) -> None:
         if self.first_byte_at is None and not self.busy:
@@ -148,13 +243,17 @@ class ConnectionClock:
         self.busy = False
         self.arm()
 
-    def arm(self) -> None:
+    def arm(self, timeout_s: float | None = None) -> None:
         self._cancel()
         if not self._transport.is_closing():
-            self._timer = self._loop.call_later(header_timeout_s(), self._timed_out)
+            wait = header_timeout_s() if timeout_s is None else timeout_s
+            self._timer = self._loop.call_later(wait, self._timed_out)
 
     def close(self) -> None:
         self._cancel()
+
+    def closing(self) -> bool:
+        return self._transport.is_closing()
 
     def _cancel(self) -> None:
         if self._timer is not None:
@@ -164,6 +263,12 @@ class ConnectionClock:
     def _timed_out(self) -> None:
         self._timer = None
         if not self.busy and not self._transport.is_closing():
+            if self.last_request:
+                log.info(
+                    "shutting down: closed a connection from %s that sent no request within %g s",
+                    self._transport.get_extra_info("peername"),
+                    min(header_timeout_s(), SHUTDOWN_HEAD_TIMEOUT_S),
+                )
             self._transport.close()
 
 
@@ -179,11 +284,29 @@ class ClockedProtocol(asyncio.Protocol):
     def __init__(self, **kwargs: Any) -> None:
         self._inner = HttpToolsProtocol(**kwargs)
         self._clock: ConnectionClock | None = None
+        # uvicorn's set of open connections, which it shuts down one by one: the wrapper
+        # stands in it for uvicorn's protocol, so that shutting down is decided here.
+        self._connections: set[Any] = kwargs["server_state"].connections
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._clock = ConnectionClock(asyncio.get_running_loop(), transport)
         self._inner.connection_made(transport)  # type: ignore[arg-type]
+        self._connections.discard(self._inner)
+        self._connections.add(self)
         self._clock.arm()
+
+    def shutdown(self) -> None:
+        """The server is stopping. A connection serving a request finishes it and closes
+        (uvicorn's own rule). One with no request yet is closed at once by uvicorn, but one
+        just accepted (from the accept queue, at shutdown: :class:`DrainingServer`) usually
+        has its request on the way, unread: closing it would reset it. So it is served one
+        request (``Connection: close``) if its head arrives within a second, else closed."""
+        clock = self._clock
+        if clock is None or clock.busy or clock.closing():
+            self._inner.shutdown()
+            return
+        clock.last_request = True
+        clock.arm(min(header_timeout_s(), SHUTDOWN_HEAD_TIMEOUT_S))
 
     def data_received(self, data: bytes) -> None:
         clock = self._clock
@@ -199,6 +322,7 @@ class ClockedProtocol(asyncio.Protocol):
         if self._clock is not None:
             self._clock.close()
         self._inner.connection_lost(exc)
+        self._connections.discard(self)
 
     def pause_writing(self) -> None:
         self._inner.pause_writing()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.sources import SensorSources
 
@@ -14,6 +22,24 @@ from service.sources import SensorSources
 #: variable, in lower case (``budgetserve_admin_token``), holds its value; a variable that is
 #: set wins. Read only where the folder exists (pydantic-settings warns about a missing one).
 SECRETS_DIR = Path("/run/secrets")
+
+#: What a feature cache URL may start with (redis-py's schemes).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _json_object(value: Any) -> Any:
+    """A setting given as JSON text (an environment variable), parsed here so that invalid
+    JSON is a validation error naming the setting and where the text breaks, not a
+    traceback from the settings source."""
+    if not isinstance(value, str | bytes):
+        return value
+    try:
+        return json.loads(value) if value.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); give a JSON "
+            'object such as {"pima": {"*": {"plugin": "redis_hash", ...}}}'
+        ) from None
 
 
 class Settings(BaseSettings):
@@ -122,6 +148,19 @@ class Settings(BaseSettings):
         "answered (waiting or extracting); a request that would pass it is refused with 503 "
         "and Retry-After (one request is always admitted)",
     )
+    max_manifest_bytes: int = Field(
+        default=16 << 20,
+        ge=1024,
+        description="largest manifest.json a bundle may have; a larger one keeps the bundle out "
+        "of service (the reason in GET /models) without being read",
+    )
+    max_wait_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="a request to a bundle whose costs are declared (not ms) waits at most this "
+        "long for an extraction thread; then it is answered at once from what it has (values "
+        "sent, cached sensors), naming no sensor acquired",
+    )
     max_pixels: int = Field(
         default=4096 * 4096,
         ge=1,
@@ -148,13 +187,35 @@ class Settings(BaseSettings):
         default=30, ge=1, description="samples a bucket needs before its correction is used"
     )
 
-    sensor_sources: SensorSources = Field(
+    sensor_sources: Annotated[SensorSources, NoDecode, BeforeValidator(_json_object)] = Field(
         default_factory=dict,
         description="JSON: per bundle, per sensor ('*': every sensor), the acquirer that "
         'fetches the values a request did not send, e.g. {"pima": {"*": {"plugin": '
         '"redis_hash", "url": "redis://127.0.0.1:6379/0", "key": "patient:{id}"}}} '
         "(docs/operating.md#sensor-sources)",
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(REDIS_SCHEMES):
+            raise ValueError(
+                f"must be a Redis URL starting with {', '.join(REDIS_SCHEMES)} (e.g. "
+                "redis://127.0.0.1:6379/0), or unset for the in-process cache"
+            )
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # A blank token would enable the endpoints with a token nobody can send (an empty
+        # bearer is no bearer): admin locked for good. Unset it to disable them instead.
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(
+                "is blank; set a token (e.g. `openssl rand -hex 32`), or unset the variable to "
+                "disable the model management endpoints"
+            )
+        return value
 
     @model_validator(mode="after")
     def _calibration_window(self) -> Settings:
@@ -193,7 +254,8 @@ class Settings(BaseSettings):
         default=None,
         description="enables the model management endpoints (POST /-/reload, POST "
         "/models/{name}/reload, DELETE /models/{name}), which then require "
-        "'Authorization: Bearer <token>'; unset: they answer 403",
+        "'Authorization: Bearer <token>' (else 401); unset: disabled (403 to a bearer token); "
+        "blank: refused at start",
     )
     watch_interval_s: float = Field(
         default=0.0,

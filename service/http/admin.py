@@ -1,8 +1,11 @@
 """Model management over HTTP: ``POST /-/reload`` (every folder, like Prometheus's
 ``/-/reload``), ``POST /models/{name}/reload``, ``DELETE /models/{name}``.
 
-Each call must send ``Authorization: Bearer <token>`` (else 401), the token being
-``BUDGETSERVE_ADMIN_TOKEN``; while that is unset, model management is disabled (403).
+Each call must send ``Authorization: Bearer <token>``, the token being
+``BUDGETSERVE_ADMIN_TOKEN``: a call without it is a 401 (RFC 9110: the credentials are
+missing; the message says when management is disabled), a call with another token too. While
+the token is unset, model management is disabled: a call that sends a bearer token is a 403.
+A blank token is refused at start (``service.settings``).
 A call changes the worker process that receives it; with ``BUDGETSERVE_WORKERS`` > 1 the
 answer says so (``scope``), and folder watching (``BUDGETSERVE_WATCH_INTERVAL_S``) is what
 reloads every worker.

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from PIL import Image
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
@@ -142,6 +142,8 @@ class BudgetServeApp(FastAPI):
             return
         clock = CONNECTION.get()
         scope[RECEIVED_KEY] = clock.request_began() if clock is not None else time.perf_counter()
+        if clock is not None and clock.last_request:  # the server is stopping: close after
+            send = _closing(send)
         try:
             endpoint = self.predict_endpoint
             if endpoint is not None and scope["path"] == PREDICT_PATH and scope["method"] == "POST":
@@ -151,6 +153,18 @@ class BudgetServeApp(FastAPI):
         finally:
             if clock is not None:
                 clock.response_done()
+
+
+def _closing(send: Send) -> Send:
+    """``send``, with ``Connection: close`` on the response (uvicorn then closes after it)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 def create_app(
@@ -251,7 +265,11 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         registry
         if registry is not None
         else load_registry(
-            settings.models_dir, settings.max_pixels, calibration, settings.sensor_sources
+            settings.models_dir,
+            settings.max_pixels,
+            calibration,
+            settings.sensor_sources,
+            settings.max_manifest_bytes,
         )
     )
     feature_cache = (
@@ -281,6 +299,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
             max_budget_ms=settings.max_budget_ms,
             max_queued=settings.max_queued,
             max_queued_bytes=settings.max_queued_bytes,
+            max_wait_s=settings.max_wait_ms / 1000.0,
         ),
         default_accounting=settings.accounting,
         inline_ms=settings.inline_ms,
@@ -299,6 +318,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         calibration,
         settings.sensor_sources,
         on_change=changed,
+        max_manifest_bytes=settings.max_manifest_bytes,
     )
     state.manager.remember(seen)
 

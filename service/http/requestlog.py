@@ -108,12 +108,33 @@ def log_request(
     log.log(level, "%s", text, extra={"fields": fields, "request_id": rid})
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with every character that is not printable (control characters, line and
+    paragraph separators, C1 controls such as NEL) written as a Python escape (``\\n``,
+    ``\\x00``, ``\\u2028``): a client's string can then never start a log line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# A value that needs no quotes in a text request line: visible ASCII but '"', '=' and '\\'.
+_PLAIN = re.compile(r"[!#-<>-\[\]-~]+")
+
+
 def _text(value: Any) -> str:
+    """A value of the text request line (``key=value`` pairs): numbers as they are, strings
+    quoted and escaped (a client's path or model name can hold spaces, ``=`` or line breaks,
+    which would otherwise forge fields or whole lines)."""
     if isinstance(value, list):
-        return ",".join(str(v) for v in value) or "-"
+        return ",".join(_text(v) for v in value) or "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "-" if value is None else str(value)
+    if value is None:
+        return "-"
+    text = str(value)
+    if _PLAIN.fullmatch(text):
+        return text
+    return '"' + escape_controls(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 class RequestIdFilter(logging.Filter):
@@ -146,6 +167,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """The text format, with the message's control characters escaped (:func:`escape_controls`):
+    whatever a record carries (a client's id, path or model name), it is one line. (JSON
+    lines are escaped by the JSON encoder. A traceback keeps its line breaks.)"""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
@@ -154,7 +185,7 @@ def configure_logging(fmt: str, level: int = logging.INFO) -> None:
     or ``json``), replacing the root logger's handlers."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, model_validator
 
 from service.batch import MAX_BATCH_ITEMS
 from service.items import ImageItem, TabularItem
@@ -109,19 +109,31 @@ class Readiness(BaseModel):
     cache: CacheStatus
 
 
+# "Exactly one of budget and total_budget", as JSON Schema says it: the branch that sends
+# one requires it as a number (null counts as not sent, as the model reads it).
+_ONE_BUDGET: dict[str, JsonValue] = {
+    "oneOf": [
+        {"required": [field], "properties": {field: {"type": "number"}}}
+        for field in ("budget", "total_budget")
+    ]
+}
+
+
 class BatchPredictRequest(BaseModel):
-    """Several items of one bundle: each with ``budget``, or all under ``total_budget``."""
+    """Several items of one bundle: each with ``budget``, or all under ``total_budget``
+    (exactly one of them)."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            **_ONE_BUDGET,
             "examples": [
                 {
                     "model": "digits",
                     "items": [{"png_base64": EXAMPLE_PNG}, {"png_base64": EXAMPLE_PNG}],
                     "total_budget": 5.0,
                 },
-            ]
+            ],
         },
     )
 

@@ -754,7 +754,8 @@ def to_items(
         raise ProtocolError(f"ID must be BYTES (the items' ids), got {ids[0].datatype}")
     kind = bundle.manifest.item.kind
     if kind == "tabular":
-        items = _tabular_items(bundle, tensors)
+        # Ids alone are items too (their sensors acquired by id), as POST /predict takes them.
+        items = _tabular_items(bundle, tensors, None if ids is None else ids[1].size)
     elif kind == "image":
         items = _image_items(tensors, binary_png=_binary_png(inputs, binary))
     else:
@@ -852,7 +853,9 @@ def _png(image: npt.NDArray[Any]) -> str:
 
 
 def _tabular_items(
-    bundle: Bundle, tensors: dict[str, tuple[RequestInput, npt.NDArray[Any]]]
+    bundle: Bundle,
+    tensors: dict[str, tuple[RequestInput, npt.NDArray[Any]]],
+    n_ids: int | None = None,
 ) -> list[dict[str, Any]]:
     columns = list(bundle.manifest.item.columns)
     rows: list[dict[str, float]] | None = None
@@ -860,6 +863,12 @@ def _tabular_items(
         inp, array = tensors.pop("VALUES")
         named = (inp.parameters or {}).get("columns")
         names = columns if named is None else [c.strip() for c in str(named).split(",")]
+        twice = sorted({c for c in names if names.count(c) > 1})
+        if twice:
+            raise ProtocolError(
+                f"VALUES parameters.columns names {', '.join(map(repr, twice))} more than once; "
+                "name each column once"
+            )
         if array.ndim == 1:
             array = array[None]
         if array.ndim != 2 or array.shape[1] != len(names):
@@ -886,6 +895,8 @@ def _tabular_items(
     sizes = {len(a) for a in per_column.values()} | ({len(rows)} if rows is not None else set())
     if len(sizes) > 1:
         raise ProtocolError(f"the inputs disagree on the batch size: {sorted(sizes)}")
+    if not sizes and n_ids:
+        sizes = {n_ids}  # only ids: every value is acquired by id
     if not sizes:
         raise ProtocolError(
             f"a tabular model takes one input per column ({', '.join(columns)}) or VALUES "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,6 +205,57 @@ def test_identical_items_share_features(digits_bundle_dir: Path) -> None:
         assert first["cost"]["extracted"]
         # the second copy ran after the first and found its features cached (free)
         assert set(first["cost"]["extracted"]) <= set(second["cost"]["cached"])
+
+
+def test_a_batch_holds_one_decoded_item_at_a_time(tiny_bundle_dir: Path) -> None:
+    """Issue 27: a batch decoded every item up front and held them all until it ended,
+    uncounted by BUDGETSERVE_MAX_QUEUED_BYTES (8 concurrent batches of 60 1024² PNGs: RSS
+    132 → 2,278 MB). Now it keeps only what its plan needs of each item: the Python-side
+    peak (tracemalloc, which counts NumPy's arrays) of a 20-item batch of 512² images stays
+    near one item's 1 MiB of float32, not 20 of them."""
+    app = create_app(Settings(models_dir=tiny_bundle_dir.parent), cache=InProcessCache(1 << 20))
+    # Compressible (a few KiB of PNG each), as the probe's were: what is held is the pixels.
+    squares = [np.zeros((512, 512)) for _ in range(20)]
+    for i, square in enumerate(squares):
+        square[10 * i : 10 * i + 100, 50:150] = 1.0
+    items = [{"png_base64": png_b64(square)} for square in squares]
+    with TestClient(app) as client:
+        body = {"model": "tiny", "items": items, "budget": 0.05}  # answered from the prior
+        assert client.post("/predict", json=body).status_code == 200  # warm: lazy imports
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            r = client.post("/predict", json=body)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    assert r.status_code == 200, r.text
+    assert len(r.json()["results"]) == 20
+    one_item = 512 * 512 * 4
+    assert peak < 6 * one_item, f"peak {peak / one_item:.1f} items' worth of decoded pixels"
+
+
+def test_budgets_per_item_are_capped_on_the_batch_total(tiny_bundle_dir: Path) -> None:
+    """Issue 27: 'total_budget' over BUDGETSERVE_MAX_BUDGET_MS was refused, but 'budget' at
+    the cap times 128 items ran 22.6 s of work in one request. The cap is on the batch's
+    total either way, and the error says so."""
+    settings = Settings(models_dir=tiny_bundle_dir.parent, max_budget_ms=100.0)
+    app = create_app(settings, cache=InProcessCache(1 << 20))
+    item = {"png_base64": png_b64(digit_image(3, 32))}
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"model": "tiny", "items": [item] * 11, "budget": 10.0})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert "10 ms for each of 11 items, 110 ms in all" in error["message"]
+        assert "at most 100 ms in all" in error["message"], error
+        assert error["details"]["total"] == 110.0 and error["details"]["max_budget"] == 100.0
+        r = client.post("/predict", json={"model": "tiny", "items": [item] * 10, "budget": 10.0})
+        assert r.status_code == 200, r.text
+        r = client.post(
+            "/predict", json={"model": "tiny", "items": [item] * 11, "total_budget": 101.0}
+        )
+        assert r.status_code == 422 and "at most 100 ms" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

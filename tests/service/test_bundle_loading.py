@@ -254,3 +254,39 @@ def test_failed_bundle_does_not_shadow_a_loaded_one(tmp_path: Path, tiny_bundle_
     failed = {f["folder"]: f["error"] for f in listed["failed"]}
     assert set(failed) == {"a-broken", "z-duplicate"}
     assert "folder 'tiny' already serves it" in failed["z-duplicate"]
+
+
+def test_a_huge_manifest_is_refused_from_its_size_without_being_read(
+    tmp_path: Path, tiny_bundle_dir: Path
+) -> None:
+    """Issue 27: a 32 MB manifest stalled serving 2-3 s and took RSS to 607 MB. A manifest
+    over BUDGETSERVE_MAX_MANIFEST_BYTES (16 MiB by default) keeps its bundle out with the
+    reason, and is refused from its size: loading it allocates next to nothing."""
+    import tracemalloc
+
+    from service.registry import load_folder
+
+    models = tmp_path / "models"
+    big = _copy(tiny_bundle_dir, models, "big", lambda m, _: None)
+    text = (big / "manifest.json").read_text()
+    (big / "manifest.json").write_text(text[:-1] + " " * (32 << 20) + text[-1])  # valid JSON
+    tracemalloc.start()
+    try:
+        load = load_folder(models, "big", 1 << 22)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    [failure] = load.failures
+    assert "manifest.json is 32.0 MiB; the limit is 16.0 MiB" in failure.reason, failure
+    assert "BUDGETSERVE_MAX_MANIFEST_BYTES" in failure.reason
+    assert peak < 4 << 20, f"refusing it allocated {peak / 2**20:.1f} MiB"
+    # The setting, through the app: a smaller cap refuses the tiny bundle's own manifest.
+    settings = Settings(models_dir=models, max_manifest_bytes=4096)
+    small = _copy(tiny_bundle_dir, models, "small", lambda m, _: None, name="small")
+    assert (small / "manifest.json").stat().st_size > 4096
+    with TestClient(create_app(settings, cache=InProcessCache(1 << 20))) as client:
+        failed = {f["folder"]: f["error"] for f in client.get("/models").json()["failed"]}
+        assert set(failed) == {"big", "small"}, failed
+        assert "KiB; the limit is 4.0 KiB (BUDGETSERVE_MAX_MANIFEST_BYTES)" in failed["small"]
+        r = client.post("/predict", json={"model": "small", "item": {}, "budget": 1.0})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "model_not_ready"

@@ -202,6 +202,74 @@ def test_a_bundle_that_fails_validation_leaves_the_old_one_serving(
         assert client.get("/models").json()["failed"] == []
 
 
+def test_a_bundle_with_nan_weights_is_refused_and_the_old_one_serves(
+    tiny_bundle_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: a bundle whose ONNX weights are NaN loaded and took over; every later
+    request got 422 invalid_item, blaming the client's values. Its warm-up now checks that
+    every model answers finite class probabilities, so the version is refused and the old
+    one keeps serving."""
+    import onnx
+    from onnx import numpy_helper
+
+    models = tmp_path / "models"
+    folder = place(tiny_bundle_dir, models / "tiny", "good")
+    with client_for(models) as client:
+        assert predict(client)[1]["model_version"] == "good"
+        place(tiny_bundle_dir, folder, "nan")
+        for file in sorted(folder.glob("*.onnx")):  # every model, as a diverged training
+            graph = onnx.load(file)
+            for node in graph.graph.node:  # skl2onnx's LinearClassifier keeps them here
+                for attr in node.attribute:
+                    if attr.name == "coefficients":
+                        attr.floats[:] = [float("nan")] * len(attr.floats)
+            for init in graph.graph.initializer:
+                weights = numpy_helper.to_array(init)
+                if weights.dtype.kind == "f":
+                    nan = np.full_like(weights, np.nan)
+                    init.CopyFrom(numpy_helper.from_array(nan, init.name))
+            onnx.save(graph, file)
+        r = client.post("/models/tiny/reload", headers=AUTH)
+        assert r.status_code == 200, r.text
+        [failure] = r.json()["failed"]
+        assert failure["serving"] is True
+        assert "non-finite outputs" in failure["error"] and "warm-up" in failure["error"], failure
+        status, body = predict(client)
+        assert status == 200 and body["model_version"] == "good", body
+
+
+def test_symlink_loops_in_a_bundle_folder_hang_neither_reload_nor_the_watcher(
+    tiny_bundle_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27: fingerprint() walked with followlinks=True and no cycle check, under the
+    manager's lock: two links back to the folder (2^40 paths before the kernel's ELOOP) hung
+    reload and the watcher, RSS growing. Each folder is now walked once, and bounded."""
+    from service.management import FINGERPRINT_MAX_ENTRIES, fingerprint
+
+    models = tmp_path / "models"
+    folder = place(tiny_bundle_dir, models / "tiny", "looped")
+    (folder / "loop1").symlink_to(".", target_is_directory=True)
+    (folder / "loop2").symlink_to("..", target_is_directory=True)
+    (folder / "self").symlink_to("self")  # a link to itself: ELOOP
+    walked: list[Any] = []
+    walker = threading.Thread(target=lambda: walked.append(fingerprint(folder)), daemon=True)
+    walker.start()
+    walker.join(timeout=20)
+    assert not walker.is_alive(), "fingerprint() did not end: it follows the loops"
+    [entries] = walked
+    assert ("loop1/", -2, -2) in entries and len(entries) <= FINGERPRINT_MAX_ENTRIES + 1
+    files = {name for name, size, _ in entries if size >= 0}
+    assert "manifest.json" in files and "self" not in files, sorted(files)
+    with client_for(models, watch_interval_s=0.2) as client:
+        r = client.post("/models/tiny/reload", headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["loaded"] == [{"name": "tiny", "version": "looped", "folder": "tiny"}]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["version"] = "changed"
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        wait_for(lambda: predict(client)[1].get("model_version") == "changed")
+
+
 def test_a_broken_version_keeps_its_previous_bundle_the_others_reload(
     tiny_bundle_dir: Path, tmp_path: Path
 ) -> None:
