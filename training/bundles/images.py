@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -267,6 +267,22 @@ class ImageBundleConfig:
     parameters: dict[str, Any] = field(default_factory=dict)  # recorded in the provenance
 
 
+class ImageLimits(Protocol):
+    max_pixels: int
+    min_side: int
+    channels: Literal["gray", "rgb"]
+
+
+def image_item(limits: ImageLimits) -> ItemSpec:
+    """The item spec of an image bundle built with these limits and channels."""
+    return ItemSpec(
+        kind="image",
+        max_pixels=limits.max_pixels,
+        min_side=limits.min_side,
+        channels=limits.channels,
+    )
+
+
 @dataclass
 class BuildResult:
     manifest: Manifest
@@ -334,12 +350,7 @@ def build_image_bundle(
             version=bundle_version(tmp, json.dumps(skylines).encode()),
             classes=classes,
             cost_unit="ms",
-            item=ItemSpec(
-                kind="image",
-                max_pixels=config.max_pixels,
-                min_side=config.min_side,
-                channels=config.channels,
-            ),
+            item=image_item(config),
             extractors=[f.spec(costs[f.name]) for f in features],
             models=models,
             strategies=strategies,

@@ -25,6 +25,20 @@ from service.types import FloatArray
 S = TypeVar("S", bound="TabularSpec")
 
 
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A spec file's top-level mapping: YAML (``.yaml``, ``.yml``) or JSON."""
+    text = path.read_text()
+    if path.suffix in {".yaml", ".yml"}:
+        import yaml
+
+        raw = yaml.safe_load(text)
+    else:
+        raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return raw
+
+
 @dataclass
 class TabularSpec:
     """What a tabular builder reads besides the CSV (JSON or YAML)."""
@@ -42,15 +56,7 @@ class TabularSpec:
 
     @classmethod
     def load(cls: type[S], path: Path) -> S:
-        text = path.read_text()
-        if path.suffix in {".yaml", ".yml"}:
-            import yaml
-
-            raw = yaml.safe_load(text)
-        else:
-            raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw)}")
+        raw = read_mapping(path)
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(
