@@ -32,6 +32,7 @@ def main() -> None:
         parsing,
         polydom,
         service,
+        tabular_gaps,
     )
 
     for name, run in (
@@ -51,6 +52,7 @@ def main() -> None:
             ),
         ),
         ("cstc", lambda: cstc.main([])),
+        ("tabular gaps (pima, 10 % blank)", lambda: tabular_gaps.main([])),
         ("cstc (digits)", lambda: cstc_digits.main([])),
         ("image folder (your own images)", lambda: image_folder.main([])),
         ("cstc side by side (MiniBooNE)", lambda: cstc_side_by_side.main([])),

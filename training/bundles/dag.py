@@ -71,9 +71,6 @@ class DagSpec(TabularSpec):
             )
         check_policy_options(self.learner, self.policy_learner, self.policy_inputs)
 
-    def native_missing(self) -> bool:
-        return self.learner == "gbrt" and (self.policy_learner or self.learner) == "gbrt"
-
 
 @dataclass
 class DagBuildResult:

@@ -77,10 +77,6 @@ class GatingSpec(TabularSpec):
             raise ValueError(f"f0 must be one of {list(F0_KINDS)}, got {self.f0!r}")
         self.configs()  # validates methods and grid
 
-    def native_missing(self) -> bool:
-        lightgbm = {"adapt-gbrt", "greedymiser"}
-        return self.f0.startswith("lightgbm") and {c.method for c in self.configs()} <= lightgbm
-
     def configs(self) -> list[Config]:
         if self.grid is None:
             return default_grid(self.methods)

@@ -55,7 +55,7 @@ class TabularSpec:
     seed: int = 0
     # Missing cells (empty, NA, NaN, null, ?): how to fill them before training, from the
     # training rows only: "mean", "median", "zero", or {column: number | "mean" | "median"};
-    # None: the learners take the gaps as they are, which only LightGBM does (gbrt learners).
+    # None: refused when the CSV has gaps (see native_missing).
     impute: str | dict[str, float | str] | None = None
 
     @classmethod
@@ -173,9 +173,27 @@ class TabularSpec:
         return tabular_item(self.sensors)
 
     def native_missing(self) -> bool:
-        """Whether every learner this spec trains takes missing values (NaN) as they are
-        (LightGBM does; linear and polynomial learners do not). Builders override it."""
+        """Whether every learner this spec trains takes missing values (NaN) as they are.
+        None does yet: LightGBM would, but the DAG and gating estimators refuse non-finite
+        rows and their exports are checked on complete rows; a builder that lifts that
+        overrides this."""
         return False
+
+    def split_indices(
+        self, y: npt.NDArray[Any]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The row positions of :meth:`split`'s train, validation and test rows."""
+        rows = np.arange(len(y), dtype=np.int64)
+        rest, test, y_rest, _ = train_test_split(
+            rows, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
+        )
+        train, val = train_test_split(
+            rest,
+            test_size=self.validation_fraction / (1 - self.test_fraction),
+            stratify=y_rest,
+            random_state=self.seed,
+        )
+        return train, val, test
 
     def split(
         self, x: FloatArray, y: npt.NDArray[Any]
@@ -185,18 +203,11 @@ class TabularSpec:
         """Stratified train / validation / test rows: x_train, x_val, x_test, y_train, ...
 
         Missing cells (NaN) are filled as ``impute`` declares, with values computed on the
-        training rows only; without ``impute`` they stay NaN when every learner takes them
-        (:meth:`native_missing`), and are refused otherwise, saying what to declare."""
-        x_rest, x_test, y_rest, y_test = train_test_split(
-            x, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
-        )
-        x_train, x_val, y_train, y_val = train_test_split(
-            x_rest,
-            y_rest,
-            test_size=self.validation_fraction / (1 - self.test_fraction),
-            stratify=y_rest,
-            random_state=self.seed,
-        )
+        training rows only; without ``impute`` they are refused (:class:`MissingValues` says
+        what to declare) unless every learner takes them as they are (:meth:`native_missing`)."""
+        train, val, test = self.split_indices(y)
+        x_train, x_val, x_test = x[train], x[val], x[test]
+        y_train, y_val, y_test = y[train], y[val], y[test]
         gaps = np.isnan(x)
         if gaps.any():
             if self.impute is None:
@@ -247,13 +258,10 @@ class MissingValues(ValueError):
         per_column = gaps.sum(axis=0)
         shown = ", ".join(f"{c} ({int(n)})" for c, n in zip(columns, per_column, strict=True) if n)
         super().__init__(
-            f"the data has {int(gaps.sum())} missing cells (empty or NA) in {shown}; the "
-            "learners of this spec (linear or polynomial) cannot train on gaps: declare how to "
-            "fill them in the spec, `impute: median` (or mean, zero, or per column "
-            "{column: number | mean | median}; computed on the training rows), or train "
-            "LightGBM learners, which take gaps as they are (dag: `learner: gbrt` with "
-            "`policy_learner: gbrt`; gating: `methods: [adapt-gbrt, greedymiser]`). Served "
-            "items with a missing value are read as that sensor not sent either way"
+            f"the data has {int(gaps.sum())} missing cells (empty or NA) in {shown}: declare "
+            "how to fill them in the spec, `impute: median` (or mean, zero, or per column "
+            "{column: number | mean | median}), computed on the training rows only. Served "
+            "items with a missing value are read as that sensor not sent, whatever the fill"
         )
 
 
