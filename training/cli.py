@@ -335,7 +335,7 @@ def images(
 
 
 def _images_report(result: Any, out: Path, fmt: TableFormat, seconds: float) -> None:
-    from training.bundles.folder import describe_range
+    from training.bundles.folder_report import describe_range
 
     data, manifest = result.data, result.build.manifest
     counts = data.train_folder.counts()

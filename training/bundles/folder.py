@@ -24,15 +24,17 @@
    each budget, accuracy and cost per (size range, budget), next to the best fixed extractor
    set a user would deploy for that budget instead (the most accurate set by a(F) whose cost
    at the range's largest size fits the budget, on the same held-out images). The report is
-   written into the bundle as ``evaluation.json``.
+   written into the bundle as ``evaluation.json`` (:mod:`training.bundles.folder_report`).
+
+About 500 lines: steps 1-5 stay whole, since each reads the one :class:`FolderConfig` and
+:class:`FolderData` the others build (the CSTC builder, :mod:`training.bundles.cstc_folder`,
+reuses them); the report, which only reads a written bundle, has its own module.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,9 +47,9 @@ import numpy.typing as npt
 from PIL import Image
 
 from service.bundle import CostPolynomial, Manifest
-from service.decoded import DecodedItem
 from service.extractors.base import available_extractors, reads_colour
 from training.bundles.digits import DIGITS_EXTRACTORS
+from training.bundles.folder_report import EvaluationRow, budget_grid, evaluate_folder_bundle
 from training.bundles.images import (
     BuildResult,
     Feature,
@@ -165,23 +167,8 @@ class FolderConfig:
         return [ExtractorChoice(n) for n in names]
 
 
-SPEC_KEYS = {
-    "name",
-    "extractors",
-    "test_fraction",
-    "epsilon",
-    "delta",
-    "folds",
-    "C",
-    "seed",
-    "max_pixels",
-    "min_side",
-    "channels",
-    "profile_images",
-    "profile_repeats",
-    "quantile",
-    "budgets",
-}
+#: What a spec file may set: every setting but the folders (flags) and the reserve.
+SPEC_KEYS = frozenset(FolderConfig.__dataclass_fields__) - {"data", "test", "reserve_ms"}
 
 
 def parse_extractors(raw: Any) -> list[ExtractorChoice]:
@@ -400,155 +387,6 @@ def extract_features(
     )
 
 
-# ----------------------------------------------------------------------------- report
-
-
-def size_ranges(sizes: npt.NDArray[np.int64], most: int = 4) -> list[tuple[int, int]]:
-    """Up to ``most`` ranges [lo, hi] of pixel counts that split ``sizes`` at their widest
-    gaps in log n (wider than twice the median gap: the breaks between the sizes a folder
-    clusters at), each range holding at least a tenth of the items; every distinct size its
-    own range when there are no more than ``most``."""
-    values = np.sort(np.asarray(sizes, dtype=np.int64))
-    distinct = np.unique(values)
-    if len(distinct) <= most:
-        return [(int(v), int(v)) for v in distinct]
-    gaps = np.diff(np.log(distinct.astype(np.float64)))
-    floor = max(1, len(values) // 10)
-    cuts: list[int] = []  # cut after distinct[c]
-    for g in np.argsort(-gaps, kind="stable"):
-        if gaps[g] <= 2 * np.median(gaps) or len(cuts) == most - 1:
-            break
-        trial = sorted([*cuts, int(g)])
-        ends = np.searchsorted(values, [distinct[c] for c in trial], side="right")
-        if np.diff(np.concatenate(([0], ends, [len(values)]))).min() >= floor:
-            cuts = trial
-    bounds = [0, *[c + 1 for c in cuts], len(distinct)]
-    return [(int(distinct[a]), int(distinct[b - 1])) for a, b in itertools.pairwise(bounds)]
-
-
-def budget_grid(
-    costs: Mapping[str, CostPolynomial],
-    sizes: npt.NDArray[np.int64],
-    reserve: float,
-    points: int = 6,
-) -> tuple[float, ...]:
-    """``points`` budgets, geometric, from the cheapest extractor at the smallest size to
-    every extractor at the largest (×1.25), each plus the reserve; 2 significant digits."""
-    lo = min(c(float(sizes.min())) for c in costs.values()) + reserve
-    hi = 1.25 * sum(c(float(sizes.max())) for c in costs.values()) + reserve
-    grid = np.geomspace(lo, max(hi, lo * 1.01), points)
-    return tuple(sorted({float(f"{b:.2g}") for b in grid}))
-
-
-@dataclass
-class EvaluationRow:
-    sizes: tuple[int, int]
-    budget: float
-    items: int
-    accuracy: float
-    expected: float
-    mean_spent: float
-    p95_spent: float
-    overrun_rate: float
-    fixed_set: str
-    fixed_accuracy: float
-    fixed_cost: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def _fixed_accuracies(
-    folder: Path, manifest: Manifest, data: FeatureData
-) -> dict[str, npt.NDArray[np.bool_]]:
-    """Per exported model: whether it is right on each held-out row (ONNX, as served)."""
-    from training.export.sklearn import onnx_probabilities
-
-    y = data.labels[data.test]
-    present = [data.classes.index(c) for c in manifest.classes]
-    right: dict[str, npt.NDArray[np.bool_]] = {}
-    for model in manifest.models:
-        if model.file is None:
-            assert model.prior is not None
-            guess = present[int(np.argmax(model.prior))]
-            right[model.id] = y == guess
-            continue
-        p = onnx_probabilities(
-            (folder / model.file).read_bytes(), data.matrix(model.features, data.test)
-        )
-        right[model.id] = y == np.asarray(present)[np.argmax(p, axis=1)]
-    return right
-
-
-def evaluate_folder_bundle(
-    folder: Path,
-    manifest: Manifest,
-    data: FeatureData,
-    files: Sequence[Path],
-    config: FolderConfig,
-    budgets: Sequence[float],
-    progress: Progress = _noop,
-) -> list[EvaluationRow]:
-    """Every held-out file through the serving loop at each budget (see the module, 6)."""
-    from service.execution import execute
-    from training.evaluate import load
-
-    bundle = load(folder)
-    channels = manifest.item.channels
-    right = _fixed_accuracies(folder, manifest, data)
-    costs = {e.name: e.cost for e in manifest.extractors}
-    ranges = size_ranges(data.sizes[data.test])
-    test_sizes = data.sizes[data.test]
-    served = {b: np.zeros(len(data.test), dtype=bool) for b in budgets}
-    spent = {b: np.zeros(len(data.test)) for b in budgets}
-    expected = {b: np.zeros(len(data.test)) for b in budgets}
-    over = {b: np.zeros(len(data.test), dtype=bool) for b in budgets}
-    classes = manifest.classes
-    total = len(data.test) * len(budgets)
-    for i, row in enumerate(data.test):
-        image = load_image(
-            files[row], max_pixels=config.max_pixels, min_side=config.min_side, channels=channels
-        )
-        item = DecodedItem(image, int(image.shape[0] * image.shape[1]), f"eval:{row}")
-        label = data.classes[int(data.labels[row])]
-        for j, budget in enumerate(budgets):
-            run = execute(
-                bundle, item, budget, {}, time.perf_counter(), reserve_ms=config.reserve_ms
-            )
-            served[budget][i] = classes[int(np.argmax(run.probabilities))] == label
-            spent[budget][i] = run.spent
-            over[budget][i] = run.over_budget(budget)
-            expected[budget][i] = manifest.model(run.answer).accuracy
-            progress("evaluate", i * len(budgets) + j + 1, total)
-    rows = []
-    for lo, hi in ranges:
-        mask = (test_sizes >= lo) & (test_sizes <= hi)
-        for budget in budgets:
-            fits = [
-                m
-                for m in manifest.models
-                if not m.features  # the prior answers whatever the budget
-                or sum(costs[f](float(hi)) for f in m.features) + config.reserve_ms <= budget
-            ]
-            best = max(fits, key=lambda m: (m.accuracy, -len(m.features)))
-            rows.append(
-                EvaluationRow(
-                    sizes=(lo, hi),
-                    budget=float(budget),
-                    items=int(mask.sum()),
-                    accuracy=float(served[budget][mask].mean()),
-                    expected=float(expected[budget][mask].mean()),
-                    mean_spent=float(spent[budget][mask].mean()),
-                    p95_spent=float(np.percentile(spent[budget][mask], 95)),
-                    overrun_rate=float(over[budget][mask].mean()),
-                    fixed_set=best.id if best.features else "(prior)",
-                    fixed_accuracy=float(right[best.id][mask].mean()),
-                    fixed_cost=float(sum(costs[f](float(hi)) for f in best.features)),
-                )
-            )
-    return rows
-
-
 # ------------------------------------------------------------------------------ build
 
 
@@ -675,10 +513,3 @@ def _learner(config: FolderConfig) -> Any:
     from training.learners import default_learner
 
     return default_learner(C=config.C, seed=config.seed)
-
-
-def describe_range(lo: int, hi: int) -> str:
-    """A size range for tables: ``n`` or ``lo–hi`` px, with the side of a square."""
-    if lo == hi:
-        return f"{lo} px (≈{math.isqrt(lo)}²)"
-    return f"{lo}–{hi} px (≈{math.isqrt(lo)}²–{math.isqrt(hi)}²)"

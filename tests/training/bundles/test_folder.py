@@ -23,7 +23,8 @@ from service.cache import InProcessCache
 from service.http import create_app
 from service.settings import Settings
 from tests.support.colour_plugin import registered
-from training.bundles.folder import EVALUATION_FILE, size_ranges
+from training.bundles.folder import EVALUATION_FILE
+from training.bundles.folder_report import size_ranges
 from training.cli import app
 from training.data.image_folder import ImageFolderError, probe_sizes, scan_folder
 
