@@ -317,6 +317,11 @@ class ImageDecoder:
                 f"'item' must be an object with 'image_base64' (and optional 'id'), "
                 f"got {type(item).__name__}"
             )
+        if "image_base64" not in item and "png_base64" not in item:
+            raise InvalidItem(
+                f"item has no 'image_base64' (base64 of a {ACCEPTED} file; 'png_base64' is its "
+                f"older name); it has {_names([str(k) for k in item]) or 'no fields'}"
+            )
         try:
             parsed = ImageItem.model_validate(item)
         except ValidationError as exc:

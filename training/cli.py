@@ -326,7 +326,7 @@ def images(
     try:
         with workers, StageProgress(labels=STAGES) as bar:
             result = build_folder_bundle(out, config, progress=bar.update, executor=workers)
-    except ImageFolderError as exc:
+    except (ImageFolderError, LookupError) as exc:  # LookupError: an extractor not installed
         err_console.print(
             f"[red]cannot build from this folder:[/] {exc}", highlight=False, soft_wrap=True
         )
@@ -927,7 +927,7 @@ def cstc_images(
             result = build_cstc_folder_bundle(
                 out, folder, trees, costs_from=costs_from, progress=bar.update, executor=workers
             )
-    except ImageFolderError as exc:
+    except (ImageFolderError, LookupError) as exc:
         err_console.print(
             f"[red]cannot build from this folder:[/] {exc}", highlight=False, soft_wrap=True
         )

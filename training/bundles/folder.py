@@ -272,13 +272,16 @@ def read_folders(config: FolderConfig, progress: Progress = _noop) -> FolderData
         splitter = StratifiedGroupKFold(folds, shuffle=True, random_state=config.seed)
         fit_rows, held = next(splitter.split(np.zeros(len(files)), labels, groups))
         train, test = np.sort(fit_rows).astype(np.int64), np.sort(held).astype(np.int64)
+    per_class = np.bincount(labels[train], minlength=len(train_folder.classes))
+    if per_class.min() < config.folds:
+        thin = train_folder.classes[int(np.argmin(per_class))]
+        raise ImageFolderError(
+            f"class {thin!r} has {int(per_class.min())} training images; required: at least "
+            f"{config.folds} per class, a(F) is cross-validated in {config.folds} folds; fix: "
+            "add images of that class, or set `folds:` lower in a --spec file (at least 2)"
+        )
     seen = {digests[i] for i in train}
     duplicates = sum(digests[i] in seen for i in test)
-    missing = sorted(set(range(len(train_folder.classes))) - set(labels[train].tolist()))
-    if missing:
-        raise ImageFolderError(
-            f"classes {[train_folder.classes[m] for m in missing]} have no training images"
-        )
     return FolderData(
         train_folder, test_folder, files, labels, shapes, train, test, duplicates, digests
     )

@@ -205,17 +205,15 @@ class TabularSpec:
         Missing cells (NaN) are filled as ``impute`` declares, with values computed on the
         training rows only; without ``impute`` they are refused (:class:`MissingValues` says
         what to declare) unless every learner takes them as they are (:meth:`native_missing`)."""
+        gaps = np.isnan(x)
+        if gaps.any() and self.impute is None and not self.native_missing():
+            raise MissingValues(self, gaps)
         train, val, test = self.split_indices(y)
         x_train, x_val, x_test = x[train], x[val], x[test]
         y_train, y_val, y_test = y[train], y[val], y[test]
-        gaps = np.isnan(x)
-        if gaps.any():
-            if self.impute is None:
-                if not self.native_missing():
-                    raise MissingValues(self, gaps)
-            else:
-                fill = fill_values(self, x_train)
-                x_train, x_val, x_test = (_filled(part, fill) for part in (x_train, x_val, x_test))
+        if gaps.any() and self.impute is not None:
+            fill = fill_values(self, x_train)
+            x_train, x_val, x_test = (_filled(part, fill) for part in (x_train, x_val, x_test))
         return x_train, x_val, x_test, y_train, y_val, y_test
 
 

@@ -219,3 +219,16 @@ def test_size_ranges_split_at_the_widest_gaps() -> None:
     ranges = size_ranges(spread)
     assert 2 <= len(ranges) <= 4 and ranges[0][0] == 100 and ranges[-1][1] == spread.max()
     assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+
+
+def test_thin_classes_and_unknown_extractors_are_refused(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "data", {"cat": 5, "dog": 6})
+    out = tmp_path / "models" / "x"
+    thin = CliRunner().invoke(app, ["images", "--data", str(root), "--out", str(out)])
+    assert thin.exit_code == 2 and "class 'cat' has 4 training images" in thin.output
+    assert "set `folds:` lower" in thin.output
+    unknown = CliRunner().invoke(
+        app, ["images", "--data", str(root), "--out", str(out), "--extractors", "nope"]
+    )
+    assert unknown.exit_code == 2 and "'nope' is not installed" in unknown.output
+    assert not out.exists()
