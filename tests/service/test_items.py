@@ -423,7 +423,7 @@ def test_an_item_sends_exactly_one_image_field(three: np.ndarray) -> None:
     data = encodings(three)["L"]
     with pytest.raises(InvalidItem, match="exactly one of 'image_base64' or 'png_base64'"):
         decoder.decode({"image_base64": data, "png_base64": data})
-    with pytest.raises(InvalidItem, match="no 'image_base64'.*it has 'id', 'values'"):
+    with pytest.raises(InvalidItem, match=r"no 'image_base64'.*it has 'id', 'values'"):
         decoder.decode({"id": "x", "values": {}})
 
 
