@@ -27,11 +27,13 @@ def main() -> None:
         extractors,
         fixed_server,
         gating,
+        image_folder,
         libraries,
         ocr,
         parsing,
         polydom,
         service,
+        tabular_gaps,
     )
 
     for name, run in (
@@ -47,7 +49,9 @@ def main() -> None:
         # paper's 90 % (about 20 min of training on the shared machine)
         ("ocr (structured)", lambda: ocr.main([])),
         ("cstc", lambda: cstc.main([])),
+        ("tabular gaps (pima, 10 % blank)", lambda: tabular_gaps.main([])),
         ("cstc (digits)", lambda: cstc_digits.main([])),
+        ("image folder (your own images)", lambda: image_folder.main([])),
         ("cstc side by side (MiniBooNE)", lambda: cstc_side_by_side.main([])),
         ("parsing", lambda: parsing.main([])),
         # "before": the request path before issue 24's lean one

@@ -232,12 +232,8 @@ def digits_lattice(bundle_dir: Path) -> tuple[np.ndarray, np.ndarray, tuple[floa
     are cross-validated here exactly as the build does (same features, folds and seed),
     after checking that recomputing two recorded sets gives the recorded values."""
     from service.bundle import model_id_for
-    from training.bundles.digits import (
-        LatticeEvaluator,
-        _cost_matrix,
-        digits_features,
-        make_extractors,
-    )
+    from training.bundles.digits import LatticeEvaluator, digits_features, make_extractors
+    from training.bundles.images import _cost_matrix
     from training.evaluate import load
 
     manifest = load(bundle_dir).manifest

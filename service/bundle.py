@@ -894,7 +894,9 @@ AnyStrategy = (
 class ItemSpec(_Strict):
     """What ``POST /predict`` accepts as ``item`` for this bundle.
 
-    ``image``: ``{"id"?, "png_base64"}``, size = pixel count. ``tabular``:
+    ``image``: ``{"id"?, "image_base64" (or "png_base64")}``, a PNG, JPEG or WebP,
+    decoded to a luma plane or, with ``channels: rgb``, to three channels; size = pixel
+    count (width x height). ``tabular``:
     ``{"id"?, "values"?: {column: number}}`` with any subset of ``columns`` (the values the
     client has; the other sensors are acquired by ``id`` or named as missing), size = 1.
     ``letters``: ``{"id"?, "letters": [16 x 8 0/1 rows, or a base64 PNG, per letter]}``,
@@ -908,6 +910,11 @@ class ItemSpec(_Strict):
     min_side: int = Field(default=8, ge=1, description="smallest width or height accepted")
     columns: list[str] = Field(default_factory=list, description="tabular: the value names")
     size_unit: str = "pixels"
+    channels: Literal["gray", "rgb"] = Field(
+        default="gray",
+        description="image: what extractors get, one luma plane (H, W) or three colour "
+        "channels (H, W, 3), for extractors that read colour",
+    )
     max_letters: int = Field(
         default=14, ge=1, description="letters: the most letters a word may have"
     )

@@ -1,41 +1,71 @@
 """Item decoders: turn the JSON ``item`` of a request into what extractors consume.
 
 A decoder validates the item against the bundle's ``ItemSpec``, measures its size ``n``
-and derives the item's cache identity from its content: a digest of the PNG bytes (images)
+and derives the item's cache identity from its content: a digest of the image bytes (images)
 or of the values in the bundle's column order (tabular), with the client's ``id`` folded in
 when given. An ``id`` can only separate cache entries, never make two different items
 share one.
+
+Images are PNG, JPEG or WebP (:data:`IMAGE_FORMATS`), read by :func:`decode_image`, which
+the training side calls too (``training.data.image_folder``), so a bundle is trained on
+exactly the pixels the service extracts from. How colour reaches extractors is the bundle's
+``item.channels``: ``gray`` (the default) decodes every image to one 2-D luma plane;
+``rgb`` keeps three channels, (H, W, 3), for extractor plugins that read colour (the
+built-in extractors turn such an item into the same luma themselves).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
+import functools
 import io
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from PIL import Image, ImageOps, UnidentifiedImageError, features
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.bundle import ItemSpec
+from service.decoded import DecodedItem, ItemDecoder, content_key, describe_errors
 from service.errors import InvalidItem, ItemTooLarge
+from service.letter_items import LettersDecoder
 
-#: Bump when decoding changes what a given PNG decodes to, so cached features of the old
-#: decoding are not served for the new one.
+__all__ = [
+    "IMAGE_FORMATS",
+    "DecodedItem",
+    "ImageDecoder",
+    "ItemDecoder",
+    "TabularDecoder",
+    "TokensDecoder",
+    "content_key",
+    "decode_image",
+    "grayscale",
+    "make_decoder",
+]
+
+#: Bump when decoding changes what given image bytes decode to, so cached features of the
+#: old decoding are not served for the new one. One scheme per ``item.channels``: the same
+#: bytes decode to a luma plane or to three channels.
 IMAGE_KEY_SCHEME = "png1"
+RGB_KEY_SCHEME = "rgb1"
 TABULAR_KEY_SCHEME = "tab1"
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-# Magic numbers of formats that are not PNG, to say what was sent instead.
+#: The image formats decoded (Pillow's names), by their leading bytes; WebP where the
+#: installed Pillow reads it (the wheels on PyPI do).
+IMAGE_FORMATS: tuple[str, ...] = ("PNG", "JPEG", *(("WEBP",) if features.check("webp") else ()))
+_FORMAT_NAMES = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP"}
+ACCEPTED = ", ".join(_FORMAT_NAMES[f] for f in IMAGE_FORMATS[:-1]) + (
+    f" or {_FORMAT_NAMES[IMAGE_FORMATS[-1]]}"
+)
+
+# Magic numbers of formats that are not decoded, to say what was sent instead.
 _OTHER_FORMATS: tuple[tuple[bytes, str], ...] = (
-    (b"\xff\xd8\xff", "JPEG"),
     (b"GIF87a", "GIF"),
     (b"GIF89a", "GIF"),
     (b"BM", "BMP"),
@@ -44,45 +74,39 @@ _OTHER_FORMATS: tuple[tuple[bytes, str], ...] = (
     (b"\x00\x00\x01\x00", "ICO"),
 )
 
-
-@dataclass(frozen=True, slots=True)
-class DecodedItem:
-    data: Any
-    size: int
-    key: str
-
-
-class ItemDecoder(Protocol):
-    def decode(self, item: Any) -> DecodedItem: ...
-
-    def heavy(self, item: Any) -> bool:
-        """Whether decoding ``item`` is worth a worker thread (off the event loop)."""
-        ...
-
-
-def content_key(scheme: str, content: bytes, item_id: str | None) -> str:
-    """``scheme:digest`` of ``content`` (BLAKE2b-256), plus ``:id:digest`` of the client's
-    id when there is one: fixed-length, no client text in the key, and two different
-    contents never share a key whatever their ids."""
-    key = f"{scheme}:{hashlib.blake2b(content, digest_size=32).hexdigest()}"
-    if item_id is not None:
-        key += ":id:" + hashlib.blake2b(item_id.encode(), digest_size=16).hexdigest()
-    return key
+Channels = Literal["gray", "rgb"]
+FloatImage = npt.NDArray[np.float32]
 
 
 class ImageItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(default=None, min_length=1, max_length=256)
-    png_base64: str = Field(min_length=1)
+    image_base64: str | None = Field(
+        default=None, min_length=1, description="a PNG, JPEG or WebP image, base64"
+    )
+    png_base64: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the older name of image_base64 (any of the same formats); send one of them",
+    )
 
+    @model_validator(mode="after")
+    def _one_image(self) -> ImageItem:
+        if (self.image_base64 is None) == (self.png_base64 is None):
+            raise ValueError(
+                "send the image as exactly one of 'image_base64' or 'png_base64' (base64 of a "
+                f"{ACCEPTED} file)"
+            )
+        return self
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in ("item", *err["loc"]))
-        parts.append(f"{loc}: {err['msg']}")
-    return "; ".join(parts)
+    @property
+    def field(self) -> str:
+        return "item.image_base64" if self.image_base64 is not None else "item.png_base64"
+
+    @property
+    def text(self) -> str:
+        return self.image_base64 if self.image_base64 is not None else str(self.png_base64)
 
 
 def png_dimensions(raw: bytes) -> tuple[int, int] | None:
@@ -93,40 +117,54 @@ def png_dimensions(raw: bytes) -> tuple[int, int] | None:
     return int.from_bytes(raw[16:20], "big"), int.from_bytes(raw[20:24], "big")
 
 
-def _not_png(raw: bytes) -> InvalidItem:
+def image_format(raw: bytes) -> str | None:
+    """Pillow's name of the format ``raw`` starts like (PNG, JPEG, WEBP), else None."""
+    if raw.startswith(PNG_SIGNATURE):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def _unsupported(raw: bytes, field: str) -> InvalidItem:
+    fmt = image_format(raw)
+    if fmt is not None:  # WebP with a Pillow built without it
+        return InvalidItem(f"{field} holds a {_FORMAT_NAMES[fmt]} image; send {ACCEPTED}")
     for magic, name in _OTHER_FORMATS:
         if raw.startswith(magic):
-            return InvalidItem(f"item.png_base64 holds a {name} image, not a PNG")
-    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
-        return InvalidItem("item.png_base64 holds a WEBP image, not a PNG")
-    return InvalidItem("item.png_base64 does not decode to a PNG image (no PNG signature)")
+            return InvalidItem(f"{field} holds a {name} image; send {ACCEPTED}")
+    return InvalidItem(f"{field} is not a {ACCEPTED} image (no known file signature)")
 
 
-#: PNG modes Pillow opens (by bit depth and colour type), all decoded by :func:`grayscale`.
+#: Pillow modes decoded (by bit depth and colour type), all read by :func:`to_array`.
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I"})
-SUPPORTED_MODES = frozenset({"1", "L", "P", "RGB", "LA", "PA", "RGBA"}) | SIXTEEN_BIT_MODES
+SUPPORTED_MODES = frozenset({"1", "L", "P", "RGB", "LA", "PA", "RGBA", "CMYK"}) | SIXTEEN_BIT_MODES
 
-FloatImage = npt.NDArray[np.float32]
+
+def _check_mode(img: Image.Image) -> None:
+    if img.mode not in SUPPORTED_MODES:
+        raise InvalidItem(
+            f"the image is in Pillow mode {img.mode!r}, which this service does not decode; "
+            f"send one of {', '.join(sorted(SUPPORTED_MODES))}",
+            mode=img.mode,
+        )
 
 
 def grayscale(img: Image.Image) -> FloatImage:
-    """Any PNG Pillow opens as a 2-D float32 array in [0, 1], as the digits were rendered:
-    bright ink (1.0) on a black background (0.0).
+    """Any image Pillow opens in a supported mode as a 2-D float32 array in [0, 1], as the
+    digits were rendered: bright ink (1.0) on a black background (0.0).
 
-    - 1-bit, 2/4/8-bit gray, palette and RGB: luma (ITU-R 601-2, Pillow's ``L``), / 255.
+    - 1-bit, 2/4/8-bit gray, palette, RGB and CMYK: luma (ITU-R 601-2, Pillow's ``L``), / 255.
     - 16-bit gray (``I;16``): / 65535, the full range (not clipped to 8 bits).
     - Transparency (an alpha channel, or a ``tRNS`` colour or palette entries): composited
       over black, value = luma x alpha. A drawing held only in the alpha channel (e.g.
       white or any colour at alpha 0..255) therefore reads as that drawing.
     - 16-bit RGB / gray+alpha / RGBA: Pillow reads them at 8 bits per channel (scaled).
     """
+    _check_mode(img)
     mode = img.mode
-    if mode not in SUPPORTED_MODES:
-        raise InvalidItem(
-            f"item.png_base64 is a PNG in Pillow mode {mode!r}, which this service does not "
-            f"decode; send one of {', '.join(sorted(SUPPORTED_MODES))}",
-            mode=mode,
-        )
     transparency = img.info.get("transparency")
     if mode in SIXTEEN_BIT_MODES:
         raw = np.asarray(img)
@@ -143,13 +181,117 @@ def grayscale(img: Image.Image) -> FloatImage:
     return pixels.astype(np.float32) / np.float32(255.0)
 
 
-class ImageDecoder:
-    """``{"id": optional str, "png_base64": str}`` → 2-D float32 array in [0, 1]; n = w*h.
+def colour(img: Image.Image) -> FloatImage:
+    """Any image Pillow opens in a supported mode as (H, W, 3) float32 RGB in [0, 1]:
+    transparency composited over black as in :func:`grayscale`, gray replicated into the
+    three channels (16-bit gray at its full range)."""
+    _check_mode(img)
+    mode = img.mode
+    if mode in SIXTEEN_BIT_MODES:
+        return np.ascontiguousarray(np.repeat(grayscale(img)[:, :, None], 3, axis=2))
+    if mode in {"LA", "PA", "RGBA"} or img.info.get("transparency") is not None:
+        rgba = np.asarray(img.convert("RGBA"), dtype=np.float32)
+        return np.ascontiguousarray(rgba[:, :, :3] * (rgba[:, :, 3:] / np.float32(255.0 * 255.0)))
+    pixels = np.asarray(img if mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
+    return pixels.astype(np.float32) / np.float32(255.0)
 
-    Dimensions are read from the PNG header before anything is decoded: more pixels than
-    the limit is a 413 whatever the size (Pillow's own decompression-bomb check never
-    comes into play), a side below ``min_side`` a 422. Every PNG mode decodes (see
-    :func:`grayscale`). The cache key is a digest of the PNG bytes (see
+
+def to_array(img: Image.Image, channels: Channels = "gray") -> FloatImage:
+    """The decoded pixels: a luma plane (``gray``) or three channels (``rgb``)."""
+    return grayscale(img) if channels == "gray" else colour(img)
+
+
+_ORIENTATION = 0x0112  # EXIF: how the camera held the picture
+
+
+def _upright(img: Image.Image) -> Image.Image:
+    """A JPEG or WebP photo turned as its EXIF orientation says (as viewers show it)."""
+    if img.getexif().get(_ORIENTATION, 1) in (2, 3, 4, 5, 6, 7, 8):
+        return ImageOps.exif_transpose(img)
+    return img
+
+
+def check_dimensions(width: int, height: int, max_pixels: int, min_side: int) -> None:
+    """413 over ``max_pixels`` whatever the shape, 422 for a side under ``min_side``."""
+    if width * height > max_pixels:
+        raise ItemTooLarge(
+            f"image is {width}x{height} = {width * height} pixels; the limit is "
+            f"{max_pixels}: downscale it",
+            pixels=width * height,
+            limit=max_pixels,
+        )
+    if min(width, height) < min_side:
+        raise InvalidItem(
+            f"image is {width}x{height}; both sides must be at least {min_side} pixels: upscale it",
+            width=width,
+            height=height,
+            min_side=min_side,
+        )
+
+
+def decode_image(
+    raw: bytes,
+    *,
+    max_pixels: int,
+    min_side: int = 1,
+    channels: Channels = "gray",
+    field: str = "the image",
+) -> FloatImage:
+    """PNG, JPEG or WebP bytes → float32 pixels in [0, 1] (:func:`to_array`).
+
+    The dimensions are checked before any pixel is decoded: a PNG's from its IHDR bytes, a
+    JPEG's or WebP's from the header Pillow reads when it opens the file (decoding is lazy).
+    More pixels than ``max_pixels`` is :class:`ItemTooLarge` (413) whatever the shape, a side
+    below ``min_side``, an unknown format or a file that does not decode :class:`InvalidItem`
+    (422). A JPEG or WebP photo is turned upright by its EXIF orientation."""
+    fmt = image_format(raw)
+    if fmt is None or fmt not in IMAGE_FORMATS:
+        raise _unsupported(raw, field)
+    declared = png_dimensions(raw) if fmt == "PNG" else None
+    if fmt == "PNG" and declared is None:
+        raise InvalidItem(f"{field} does not decode to a PNG image (no IHDR header)")
+    if declared is not None:
+        check_dimensions(*declared, max_pixels, min_side)
+    try:
+        img: Image.Image = Image.open(io.BytesIO(raw), formats=[fmt])
+        check_dimensions(*img.size, max_pixels, min_side)  # the header only, nothing decoded
+        if fmt != "PNG":
+            img = _upright(img)
+        data = to_array(img, channels)
+    except (ItemTooLarge, InvalidItem):
+        raise
+    except Image.DecompressionBombError:
+        raise ItemTooLarge(
+            f"{field} declares more pixels than Pillow opens; the limit is {max_pixels}: "
+            "downscale it",
+            limit=max_pixels,
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+        raise InvalidItem(
+            f"{field} does not decode to a {_FORMAT_NAMES[fmt]} image (truncated or corrupt)"
+        ) from None
+    if data.size == 0:
+        raise InvalidItem(f"{field} decodes to an empty image")
+    return data
+
+
+@functools.cache
+def _load_format_plugins() -> None:
+    """Decode a tiny image of every format once, so the first request of a fresh process
+    does not pay for importing Pillow's plugins (milliseconds) against its budget."""
+    for fmt in IMAGE_FORMATS:
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buffer, format=fmt)
+        decode_image(buffer.getvalue(), max_pixels=64)
+
+
+class ImageDecoder:
+    """``{"id"?: str, "image_base64" | "png_base64": str}`` → float32 pixels in [0, 1]
+    (2-D, or (H, W, 3) for a bundle whose ``item.channels`` is ``rgb``); n = width x height.
+
+    PNG, JPEG and WebP (:func:`decode_image`); dimensions are read before anything is
+    decoded: more pixels than the limit is a 413 whatever the size, a side below
+    ``min_side`` a 422. The cache key is a digest of the image bytes (see
     :func:`content_key`): re-encoding the same picture differently is a miss, never a
     wrong hit.
     """
@@ -159,65 +301,46 @@ class ImageDecoder:
     def __init__(self, spec: ItemSpec, max_pixels: int) -> None:
         self.max_pixels = min(spec.max_pixels, max_pixels)
         self.min_side = spec.min_side
+        self.channels: Channels = spec.channels
+        self.scheme = IMAGE_KEY_SCHEME if spec.channels == "gray" else RGB_KEY_SCHEME
+        _load_format_plugins()
 
     def heavy(self, item: Any) -> bool:
-        data = item.get("png_base64") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            return False
+        data = item.get("image_base64", item.get("png_base64"))
         return isinstance(data, str) and len(data) > self.HEAVY_BASE64_CHARS
-
-    def _check_dimensions(self, width: int, height: int) -> None:
-        if width * height > self.max_pixels:
-            raise ItemTooLarge(
-                f"image is {width}x{height} = {width * height} pixels; the limit is "
-                f"{self.max_pixels}: downscale it",
-                pixels=width * height,
-                limit=self.max_pixels,
-            )
-        if min(width, height) < self.min_side:
-            raise InvalidItem(
-                f"image is {width}x{height}; both sides must be at least {self.min_side} "
-                "pixels: upscale it",
-                width=width,
-                height=height,
-                min_side=self.min_side,
-            )
 
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
-                f"'item' must be an object with 'png_base64' (and optional 'id'), "
+                f"'item' must be an object with 'image_base64' (and optional 'id'), "
                 f"got {type(item).__name__}"
+            )
+        if "image_base64" not in item and "png_base64" not in item:
+            raise InvalidItem(
+                f"item has no 'image_base64' (base64 of a {ACCEPTED} file; 'png_base64' is its "
+                f"older name); it has {_names([str(k) for k in item]) or 'no fields'}"
             )
         try:
             parsed = ImageItem.model_validate(item)
         except ValidationError as exc:
-            raise InvalidItem(f"invalid image item: {_describe(exc)}") from None
+            raise InvalidItem(f"invalid image item: {describe_errors(exc)}") from None
         try:
-            raw = base64.b64decode(parsed.png_base64, validate=True)
+            raw = base64.b64decode(parsed.text, validate=True)
         except (binascii.Error, ValueError):
-            raise InvalidItem("item.png_base64 is not valid base64") from None
-        declared = png_dimensions(raw)
-        if declared is None:
-            raise _not_png(raw)
-        self._check_dimensions(*declared)
-        try:
-            img = Image.open(io.BytesIO(raw), formats=["PNG"])
-            if img.size != declared:  # pragma: no cover - Pillow reads the same IHDR
-                self._check_dimensions(*img.size)
-            data = grayscale(img)
-        except (ItemTooLarge, InvalidItem):
-            raise
-        except Image.DecompressionBombError:  # pragma: no cover - dimensions checked above
-            raise ItemTooLarge(
-                f"image is {declared[0]}x{declared[1]}; the limit is {self.max_pixels} pixels",
-                pixels=declared[0] * declared[1],
-                limit=self.max_pixels,
-            ) from None
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
-            raise InvalidItem("item.png_base64 does not decode to a PNG image") from None
-        if data.ndim != 2 or data.size == 0:
-            raise InvalidItem("item.png_base64 decodes to an empty image")
+            raise InvalidItem(f"{parsed.field} is not valid base64") from None
+        data = decode_image(
+            raw,
+            max_pixels=self.max_pixels,
+            min_side=self.min_side,
+            channels=self.channels,
+            field=parsed.field,
+        )
         return DecodedItem(
-            data=data, size=int(data.size), key=content_key(IMAGE_KEY_SCHEME, raw, parsed.id)
+            data=data,
+            size=int(data.shape[0] * data.shape[1]),
+            key=content_key(self.scheme, raw, parsed.id),
         )
 
 
@@ -233,10 +356,11 @@ class TabularItem(BaseModel):
         max_length=256,
         description="the entity's id: sensor acquirers look missing values up by it",
     )
-    values: dict[str, Annotated[float, Field(strict=True)]] = Field(
+    values: dict[str, Annotated[float, Field(strict=True)] | None] = Field(
         default_factory=dict,
         description="the values the client already has (any subset of the bundle's columns; "
-        "free); the rest are acquired by the bundle's sensor acquirers",
+        "free); the rest are acquired by the bundle's sensor acquirers. A value null or NaN "
+        "is missing: as if not sent",
     )
 
 
@@ -273,12 +397,14 @@ class TabularRow(Mapping[str, float]):
 class TabularDecoder:
     """``{"id": optional str, "values": {column: number}}`` → a :class:`TabularRow`; size 1.
 
-    ``values`` holds any subset of the columns the bundle declares, each a finite number:
-    a sensor whose columns are all sent is in hand at no cost, the others are acquired
-    (by the item's ``id``) or named as the sensor to collect next. A column the bundle does
-    not read (a typo, a label, a stale schema) is refused, naming it. The cache key is a
-    digest of the values in the bundle's column order, NaN standing for a value not sent
-    (see :func:`content_key`).
+    ``values`` holds any subset of the columns the bundle declares, each a finite number,
+    or null / NaN for a value the client does not have (a gap in its row: read as not
+    sent, never a 422): a sensor whose columns are all sent is in hand at no cost, the
+    others are acquired (by the item's ``id``) or named as the sensor to collect next. A
+    column the bundle does not read (a typo, a label, a stale schema) is refused, naming
+    it, and so is an infinite value or one beyond float32. The cache key is a digest of the
+    values in the bundle's column order, NaN standing for a value not sent (see
+    :func:`content_key`).
     """
 
     def __init__(self, spec: ItemSpec) -> None:
@@ -296,7 +422,7 @@ class TabularDecoder:
         try:
             parsed = TabularItem.model_validate(item)
         except ValidationError as exc:
-            raise InvalidItem(f"invalid tabular item: {_describe(exc)}") from None
+            raise InvalidItem(f"invalid tabular item: {describe_errors(exc)}") from None
         unknown = [c for c in parsed.values if c not in self._known]
         if unknown:
             raise InvalidItem(
@@ -304,18 +430,22 @@ class TabularDecoder:
                 f"{_names(unknown)}; send only its columns ({_names(self.columns)})",
                 unknown=[_clip(c) for c in unknown[:_LISTED]],
             )
+        sent = {
+            c: float(v)
+            for c, v in parsed.values.items()
+            if v is not None and not math.isnan(v)  # a gap: not in hand
+        }
         bad = [
             c
             for c in self.columns
-            if c in parsed.values
-            and (not math.isfinite(parsed.values[c]) or abs(parsed.values[c]) > _FLOAT32_MAX)
+            if c in sent and (math.isinf(sent[c]) or abs(sent[c]) > _FLOAT32_MAX)
         ]
         if bad:
             raise InvalidItem(
-                f"item.values has non-finite or out-of-range (beyond ±{_FLOAT32_MAX:.3g}) "
-                f"values for {_names(bad)}"
+                f"item.values has infinite or out-of-range (beyond ±{_FLOAT32_MAX:.3g}) "
+                f"values for {_names(bad)}; send a missing value as null"
             )
-        values = {c: float(parsed.values[c]) for c in self.columns if c in parsed.values}
+        values = {c: sent[c] for c in self.columns if c in sent}
         canonical = np.asarray([values.get(c, math.nan) for c in self.columns], dtype=np.float64)
         return DecodedItem(
             data=TabularRow(values, parsed.id),
@@ -389,7 +519,7 @@ class TokensDecoder:
         try:
             parsed = TokensItem.model_validate(item)
         except ValidationError as exc:
-            raise InvalidItem(f"invalid tokens item: {_describe(exc)}") from None
+            raise InvalidItem(f"invalid tokens item: {describe_errors(exc)}") from None
         bad = [(i, t.upos) for i, t in enumerate(parsed.tokens) if t.upos not in UPOS_ID]
         if bad:
             shown = ", ".join(f"item.tokens.{i}.upos = {_clip(tag)!r}" for i, tag in bad[:_LISTED])
@@ -412,8 +542,6 @@ def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
     if spec.kind == "image":
         return ImageDecoder(spec, max_pixels)
     if spec.kind == "letters":
-        from service.letter_items import LettersDecoder
-
         return LettersDecoder(spec)
     if spec.kind == "tokens":
         return TokensDecoder(spec)

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from service.bundle import ItemSpec
+from service.decoded import DecodedItem, content_key
 from service.errors import InvalidItem, ItemTooLarge
 
 LETTERS_KEY_SCHEME = "let1"
@@ -75,9 +76,7 @@ class LettersDecoder:
     def heavy(self, item: Any) -> bool:
         return False
 
-    def decode(self, item: Any) -> Any:
-        from service.items import DecodedItem, content_key  # the one DecodedItem
-
+    def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
                 f"'item' must be an object with 'letters' (and optional 'id'), got "

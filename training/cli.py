@@ -7,6 +7,7 @@ The module stays whole (over 450 lines): it is the one Typer app, each command a
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -41,6 +42,7 @@ FormatOption = Annotated[
 # What the progress display calls each stage: the builders' stage keys, and the functions
 # the sweeps map over an executor (training.progress).
 STAGES = {
+    "scan": "reading image headers",
     "extract": "extracting features",
     "expand": "expanding lattice",
     "profile": "profiling extractors",
@@ -237,6 +239,164 @@ def build(
         f"{int(stats.get('expansions', 0))} expansions of {2 ** len(config.extractors)} sets, "
         f"{len(result.manifest.polydom().candidates)} candidates, "
         f"max ONNX deviation {max(result.export_errors.values(), default=0.0):.2e}"
+    )
+
+
+@app.command()
+def images(
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="labelled image folder: one sub-folder per class (DIR/<class>/<image>), "
+            "PNG, JPEG or WebP of any size",
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="bundle folder to write (its name: the model's)")],
+    test: Annotated[
+        Path | None,
+        typer.Option(
+            "--test", help="held-out folder, same layout (default: hold out 20 % of --data)"
+        ),
+    ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="YAML or JSON: extractors (names, or name -> {plugin, params}), epsilon, "
+            "delta, folds, C, budgets, ... (flags given override it)",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    extractors: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated extractor plugins (default: every installed image extractor)"
+        ),
+    ] = None,
+    budgets: Annotated[
+        str | None, typer.Option(help="budgets (ms) of the held-out report (default: a grid)")
+    ] = None,
+    max_pixels: Annotated[
+        int | None,
+        typer.Option(help="largest image (width x height), here and when served; default 4096²"),
+    ] = None,
+    min_side: Annotated[int | None, typer.Option(help="smallest side accepted (default 8)")] = None,
+    force: Annotated[bool, typer.Option(help="replace the bundle if it exists")] = False,
+    fmt: FormatOption = TableFormat.TABLE,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
+) -> None:
+    """Build a Poly-Dom bundle (with Greedy strategies) from your own labelled image folder:
+    cost curves profiled on your images on this machine, every feature extracted once, a(F)
+    cross-validated, and a report on held-out images through the serving loop: accuracy
+    and cost per (size range, budget) next to the best fixed extractor set."""
+    from training.bundles.folder import (
+        FolderConfig,
+        build_folder_bundle,
+        parse_extractors,
+        read_spec,
+    )
+    from training.data.image_folder import ImageFolderError
+
+    if (out / "manifest.json").exists() and not force:
+        err_console.print(f"{out} holds a bundle; pass --force to replace it")
+        raise typer.Exit(1)
+    try:
+        settings = read_spec(spec) if spec is not None else {}
+        settings["name"] = out.name
+        if extractors is not None:
+            settings["extractors"] = parse_extractors(extractors)
+        if budgets is not None:
+            settings["budgets"] = tuple(_budgets(budgets))
+        if max_pixels is not None:
+            settings["max_pixels"] = max_pixels
+        if min_side is not None:
+            settings["min_side"] = min_side
+        config = FolderConfig(data=data, test=test, **settings)
+        config.check()
+        config.choices()
+    except (ValueError, TypeError, LookupError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    workers = open_executor(executor, address, n_jobs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        with workers, StageProgress(labels=STAGES) as bar:
+            result = build_folder_bundle(out, config, progress=bar.update, executor=workers)
+    except (ImageFolderError, LookupError) as exc:  # LookupError: an extractor not installed
+        err_console.print(
+            f"[red]cannot build from this folder:[/] {exc}", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(2) from None
+    _images_report(result, out, fmt, time.perf_counter() - started)
+
+
+def _images_report(result: Any, out: Path, fmt: TableFormat, seconds: float) -> None:
+    from training.bundles.folder_report import describe_range
+
+    data, manifest = result.data, result.build.manifest
+    counts = data.train_folder.counts()
+    err_console.print(
+        f"{len(data.train)} training and {len(data.test)} held-out images, "
+        f"{len(counts)} classes ({', '.join(f'{c}: {n}' for c, n in counts.items())}), "
+        f"sizes {int(data.sizes.min())}–{int(data.sizes.max())} px; extractors "
+        f"{', '.join(f.name for f in result.features)} ({result.channels})",
+        highlight=False,
+    )
+    if data.duplicates:
+        err_console.print(
+            f"[yellow]note:[/] {data.duplicates} held-out images are byte-identical to training "
+            "images (their accuracy is not held-out accuracy)",
+            highlight=False,
+        )
+    rows = [
+        {
+            "sizes": describe_range(*r.sizes),
+            "budget_ms": r.budget,
+            "items": r.items,
+            "accuracy": r.accuracy,
+            "expected": r.expected,
+            "mean_spent_ms": r.mean_spent,
+            "p95_spent_ms": r.p95_spent,
+            "overrun_rate": r.overrun_rate,
+            "fixed_set": r.fixed_set,
+            "fixed_accuracy": r.fixed_accuracy,
+            "fixed_cost_ms": r.fixed_cost,
+        }
+        for r in result.evaluation
+    ]
+    columns = [
+        Column("size", "sizes"),
+        Column("budget ms", "budget_ms", lambda v: f"{v:g}"),
+        Column("items", "items"),
+        Column("accuracy", "accuracy", lambda v: f"{v:.3f}"),
+        Column("a(F)", "expected", lambda v: f"{v:.3f}"),
+        Column("mean spent", "mean_spent_ms", lambda v: f"{v:.2f}"),
+        Column("p95 spent", "p95_spent_ms", lambda v: f"{v:.2f}"),
+        Column("over budget", "overrun_rate", lambda v: f"{v:.1%}"),
+        Column("best fixed set", "fixed_set"),
+        Column("its accuracy", "fixed_accuracy", lambda v: f"{v:.3f}"),
+        Column("its cost ms", "fixed_cost_ms", lambda v: f"{v:.2f}"),
+    ]
+    emit(
+        console,
+        columns,
+        rows,
+        fmt,
+        f"{manifest.name}: {manifest.strategies[0].name} on {len(data.test)} held-out images "
+        "(served loop, measured times; best fixed set: highest a(F) whose cost at the range's "
+        "largest size fits)",
+    )
+    stats = manifest.polydom().stats
+    err_console.print(
+        f"[bold]{manifest.name}[/] {manifest.version} written to {out} in {seconds:.0f} s "
+        f"({', '.join(f'{k} {v:.0f} s' for k, v in result.seconds.items())}): "
+        f"{int(stats.get('expansions', 0))} of {2 ** len(result.features)} sets expanded, "
+        f"{len(manifest.polydom().candidates)} candidates, {len(manifest.models)} models",
+        highlight=False,
     )
 
 
@@ -607,6 +767,13 @@ def cstc(
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
+# The trees' options of cstc-digits and cstc-images.
+MethodsOption = Annotated[str, typer.Option(help="cstc, cscc, cronus, root-only")]
+LambdasOption = Annotated[str, typer.Option(help="cost trade-offs λ (costs normalised to mean 1)")]
+DepthOption = Annotated[int, typer.Option(min=1, max=8)]
+RoundsOption = Annotated[int, typer.Option(min=0, help="coordinate-descent rounds")]
+
+
 @app.command("cstc-digits")
 def cstc_digits(
     out: Annotated[Path, typer.Option(help="bundle folder to write")] = Path("models/digits-cstc"),
@@ -621,14 +788,10 @@ def cstc_digits(
     sides: Annotated[str, typer.Option(help="every digit is rendered at each side")] = (
         "16,32,64,128"
     ),
-    methods: Annotated[str, typer.Option(help="cstc, cscc, cronus, root-only")] = (
-        "cstc,cscc,root-only"
-    ),
-    lambdas: Annotated[str, typer.Option(help="cost trade-offs λ (costs normalised to mean 1)")] = (
-        "0.3,1,1.5,2,3,10"
-    ),
-    depth: Annotated[int, typer.Option(min=1, max=8)] = 3,
-    n_rounds: Annotated[int, typer.Option(min=0, help="coordinate-descent rounds")] = 1,
+    methods: MethodsOption = "cstc,cscc,root-only",
+    lambdas: LambdasOption = "0.3,1,1.5,2,3,10",
+    depth: DepthOption = 3,
+    n_rounds: RoundsOption = 1,
     limit: Annotated[int | None, typer.Option(help="source digits used (default: all)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     executor: ExecutorOption = ExecutorKind.LOCAL,
@@ -669,6 +832,15 @@ def cstc_digits(
     with workers, StageProgress(labels=STAGES) as bar:
         workers.progress = bar.executor_hook
         result = build_cstc_digits_bundle(out, config, costs, executor=workers, progress=bar.update)
+    _cstc_image_table(
+        result,
+        f"{config.name}: cost-sensitive trees on the image extractors "
+        "(test: held-out digits; kept: validation Pareto set)",
+    )
+    console.print(f"[bold]{config.name}[/] {result.manifest.version} written to {out}")
+
+
+def _cstc_image_table(result: Any, title: str) -> None:
     table = Table(
         "operating point",
         "nodes",
@@ -677,8 +849,7 @@ def cstc_digits(
         "test accuracy",
         "test cost ms",
         "kept",
-        title=f"{config.name}: cost-sensitive trees on the image extractors (test: held-out "
-        "digits; kept: validation Pareto set)",
+        title=title,
     )
     kept = set(result.estimators)
     for p in result.points:
@@ -692,7 +863,89 @@ def cstc_digits(
             "yes" if p["id"] in kept else "",
         )
     console.print(table)
-    console.print(f"[bold]{config.name}[/] {result.manifest.version} written to {out}")
+
+
+@app.command("cstc-images")
+def cstc_images(
+    data: Annotated[
+        Path,
+        typer.Option("--data", help="labelled image folder (DIR/<class>/<image>), as for images"),
+    ],
+    out: Annotated[Path, typer.Option(help="bundle folder to write (its name: the model's)")],
+    test: Annotated[
+        Path | None, typer.Option("--test", help="held-out folder (default: 20 % of --data)")
+    ] = None,
+    costs_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--costs-from",
+            help="bundle whose cost curves the sensors use (e.g. the Poly-Dom bundle of the "
+            "same folder, so both charge the same); default: profile on the folder's images",
+        ),
+    ] = None,
+    extractors: Annotated[
+        str | None,
+        typer.Option(help="comma-separated extractor plugins (default: every installed one)"),
+    ] = None,
+    methods: MethodsOption = "cstc,cscc,root-only",
+    lambdas: LambdasOption = "0.3,1,1.5,2,3,10",
+    depth: DepthOption = 3,
+    n_rounds: RoundsOption = 1,
+    max_pixels: Annotated[int | None, typer.Option(help="largest image (default 4096²)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    address: AddressOption = None,
+    n_jobs: NJobsOption = None,
+) -> None:
+    """Build a CSTC / CSCC bundle (paper 003) from your own labelled image folder: the
+    image extractors as sensors at their cost curves c_f(n), every image once at its own
+    size, held out as `images` holds it out."""
+    from training.bundles.cstc_digits import CstcImageConfig
+    from training.bundles.cstc_folder import build_cstc_folder_bundle
+    from training.bundles.folder import FolderConfig, parse_extractors
+    from training.data.image_folder import ImageFolderError
+
+    try:
+        folder = FolderConfig(
+            data=data,
+            test=test,
+            name=out.name,
+            seed=seed,
+            extractors=parse_extractors(extractors) if extractors else None,
+        )
+        if max_pixels:
+            folder.max_pixels = max_pixels
+        folder.check()
+        trees = CstcImageConfig(
+            methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+            lambdas=tuple(float(v) for v in lambdas.split(",") if v.strip()),
+            depth=depth,
+            n_rounds=n_rounds,
+        )
+        trees.check()
+    except (ValueError, LookupError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    workers = open_executor(executor, address, n_jobs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with workers, StageProgress(labels=STAGES) as bar:
+            workers.progress = bar.executor_hook
+            result = build_cstc_folder_bundle(
+                out, folder, trees, costs_from=costs_from, progress=bar.update, executor=workers
+            )
+    except (ImageFolderError, LookupError) as exc:
+        err_console.print(
+            f"[red]cannot build from this folder:[/] {exc}", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(2) from None
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _cstc_image_table(
+        result,
+        f"{out.name}: cost-sensitive trees on the image extractors (test: held-out images; "
+        "kept: validation Pareto set)",
+    )
+    console.print(f"[bold]{out.name}[/] {result.manifest.version} written to {out}")
 
 
 @app.command()

@@ -27,6 +27,7 @@ __all__ = [
     "FloatVector",
     "available_extractors",
     "create_extractor",
+    "reads_colour",
 ]
 
 
@@ -35,7 +36,10 @@ class Extractor(Protocol):
     """A deterministic feature extractor.
 
     ``item_kind`` names the decoded item it accepts ("image": a 2-D float32 array with
-    values in [0, 1]). ``extract`` returns a 1-D float32 vector of length ``dims``.
+    values in [0, 1], or (H, W, 3) RGB in a bundle whose ``item.channels`` is ``rgb``).
+    ``extract`` returns a 1-D float32 vector of length ``dims``. An image extractor that
+    reads colour says so with a class attribute ``channels = "rgb"`` (see
+    :func:`reads_colour`); a bundle built with one decodes its items to three channels.
     """
 
     name: ClassVar[str]
@@ -91,6 +95,12 @@ class ExtractorBroken(LookupError):
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
         super().__init__(f"extractor {name!r} is installed but unusable: {reason}")
+
+
+def reads_colour(extractor: Any) -> bool:
+    """Whether an image extractor (class or instance) asks for colour items
+    (``channels = "rgb"``); the built-ins read gray."""
+    return getattr(extractor, "channels", "gray") == "rgb"
 
 
 def available_extractors(

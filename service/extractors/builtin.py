@@ -1,11 +1,12 @@
 """The built-in image extractors.
 
-Every extractor accepts an "image" item: a 2-D float32 array with values in [0, 1], any
-side from 4 px up (8 to ~2048 px in practice, not necessarily square), and returns a
-float32 vector whose length does not depend on the image size. The features are
-normalised so that the same picture rendered at 16 px and at 256 px gives similar
-vectors: sampling positions, cell grids, LBP radii, gradient steps, frequency bands and
-Gabor kernels are all expressed relative to the image size rather than in pixels.
+Every extractor accepts an "image" item: a 2-D float32 array with values in [0, 1] (or a
+colour one, (H, W, 3), read as its ITU-R 601 luma), any side from 4 px up (8 to ~2048 px in
+practice, not necessarily square), and returns a float32 vector whose length does not depend
+on the image size. The features are normalised so that the same picture rendered at 16 px
+and at 256 px gives similar vectors: sampling positions, cell grids, LBP radii, gradient
+steps, frequency bands and Gabor kernels are all expressed relative to the image size rather
+than in pixels.
 
 Their costs grow differently with the pixel count ``n`` (this is what the planner
 exploits); each class docstring states its cost class. Only numpy is used here.
@@ -45,11 +46,20 @@ FloatImage = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.intp]
 
 
+#: ITU-R 601-2 luma weights (Pillow's ``L``): how a colour item is read as gray.
+LUMA = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
+
+
 def _as_image(item: Any) -> FloatImage:
-    """View ``item`` as a 2-D float32 array (no copy when it already is one)."""
+    """View ``item`` as a 2-D float32 array (no copy when it already is one); a colour item
+    (H, W, 3), from a bundle whose ``item.channels`` is ``rgb``, becomes its luma."""
     image = np.asarray(item, dtype=np.float32)
+    if image.ndim == 3 and image.shape[2] == 3:
+        image = image @ LUMA
     if image.ndim != 2:
-        raise ValueError(f"an image item must be a 2-D array, got shape {image.shape}")
+        raise ValueError(
+            f"an image item must be a 2-D array or (H, W, 3) colour, got shape {image.shape}"
+        )
     if min(image.shape) < MIN_SIDE:
         raise ValueError(f"image sides must be >= {MIN_SIDE} px, got shape {image.shape}")
     return image

@@ -126,9 +126,9 @@ def test_size_measured_and_checked(digits: tuple[TestClient, InProcessCache]) ->
     assert body["error"]["details"] == {"given": 999, "measured": 1024}
 
 
-def _jpeg_b64() -> str:
+def _gif_b64() -> str:
     buf = io.BytesIO()
-    Image.fromarray(np.zeros((16, 16), dtype=np.uint8)).save(buf, format="JPEG")
+    Image.fromarray(np.zeros((16, 16), dtype=np.uint8)).save(buf, format="GIF")
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -195,10 +195,10 @@ GOOD = png_b64(np.zeros((16, 16), dtype=np.float32))
             "PNG",
         ),
         (
-            {"model": "digits", "item": {"png_base64": _jpeg_b64()}, "budget": 1},
+            {"model": "digits", "item": {"png_base64": _gif_b64()}, "budget": 1},
             422,
             "invalid_item",
-            "JPEG",
+            "GIF",
         ),
         (
             {"model": "digits", "item": {"png_base64": _big_png_b64(600)}, "budget": 1},

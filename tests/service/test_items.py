@@ -126,10 +126,10 @@ def test_one_bit_png_is_the_thresholded_picture(three: np.ndarray) -> None:
     assert np.array_equal(decoded > 0.5, three >= 128)
 
 
-@pytest.mark.parametrize("mode", ["CMYK", "F", "YCbCr"])
-def test_modes_no_png_has_are_refused_by_name(mode: str) -> None:
-    # Pillow never opens a PNG in these modes; should a future Pillow do so, the decoder
-    # refuses it with a 422 naming the mode rather than guessing.
+@pytest.mark.parametrize("mode", ["F", "YCbCr"])
+def test_modes_no_format_has_are_refused_by_name(mode: str) -> None:
+    # Pillow never opens a PNG, JPEG or WebP in these modes; should a future Pillow do so,
+    # the decoder refuses it with a 422 naming the mode rather than guessing.
     with pytest.raises(InvalidItem, match=f"Pillow mode '{mode}'") as info:
         grayscale(Image.new(mode, (8, 8)))
     assert info.value.details == {"mode": mode}
@@ -183,19 +183,33 @@ def test_huge_png_headers_are_413_before_decoding(digits_client: TestClient, sid
     assert f"{side}x{side}" in error["message"]
 
 
-@pytest.mark.parametrize(("width", "height"), [(1 << 31, 1), (1 << 20, 1 << 20), (4097, 4096)])
+def _jpeg_header(width: int, height: int) -> bytes:
+    """The start of a baseline JPEG declaring ``width`` x ``height``: SOI, then an SOF0
+    segment (three components), and no scan data at all."""
+    sof = struct.pack(">BHHB", 8, height, width, 3) + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    return b"\xff\xd8" + b"\xff\xc0" + struct.pack(">H", len(sof) + 2) + sof + b"\xff\xd9"
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "fmt"),
+    [
+        (1 << 31, 1, "PNG"),
+        (1 << 20, 1 << 20, "PNG"),
+        (4097, 4096, "PNG"),
+        (4097, 4096, "JPEG"),  # read from the header Pillow parses when it opens the file
+        (65_000, 65_000, "JPEG"),  # over Pillow's own bomb limit: still our 413
+    ],
+)
 def test_over_limit_header_is_413_whatever_its_shape(
-    digits_client: TestClient, width: int, height: int
+    digits_client: TestClient, width: int, height: int, fmt: str
 ) -> None:
+    png = raw_png(width, height, 16, 6, rows=None)
+    header = png if fmt == "PNG" else _jpeg_header(width, height)
     r = digits_client.post(
-        "/predict",
-        json={
-            "model": "digits",
-            "budget": 5,
-            "item": {"png_base64": b64(raw_png(width, height, 16, 6, rows=None))},
-        },
+        "/predict", json={"model": "digits", "budget": 5, "item": {"image_base64": b64(header)}}
     )
     assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "item_too_large"
 
 
 def test_within_limit_header_with_no_pixels_is_a_422(digits_client: TestClient) -> None:
@@ -216,7 +230,7 @@ def test_within_limit_header_with_no_pixels_is_a_422(digits_client: TestClient) 
     [
         (b"GIF89a" + b"\x00" * 20, "GIF"),
         (b"BM" + b"\x00" * 40, "BMP"),
-        (b"hello, world", "no PNG signature"),
+        (b"hello, world", "not a PNG, JPEG or WebP image (no known file signature)"),
     ],
 )
 def test_other_formats_are_named(digits_client: TestClient, payload: bytes, mentions: str) -> None:
@@ -367,3 +381,98 @@ def test_tabular_names_in_messages_are_bounded() -> None:
     with pytest.raises(InvalidItem) as info:
         decoder.decode({"values": values})
     assert len(info.value.message) < 1000 and "and 40 more" in info.value.message
+
+
+# ------------------------------------------------------------- JPEG, WebP, colour (issue 26)
+
+
+def _encoded(image: Image.Image, fmt: str, **options: Any) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "WEBP"])
+def test_jpeg_and_webp_decode_like_the_png_of_their_pixels(three: np.ndarray, fmt: str) -> None:
+    """A lossy file decodes to what Pillow reads from it (the same luma a PNG of those
+    pixels gives), under either field name, with a size of width x height."""
+    photo = Image.fromarray(three).convert("RGB")
+    raw = _encoded(photo, fmt, quality=90)
+    decoder = ImageDecoder(ItemSpec(), 1 << 22)
+    for field in ("image_base64", "png_base64"):
+        item = decoder.decode({field: b64(raw)})
+        assert item.size == three.size and item.data.shape == three.shape
+        as_png = _save(Image.open(io.BytesIO(raw)).convert("L"))
+        np.testing.assert_array_equal(item.data, decoder.decode({"png_base64": as_png}).data)
+    assert np.abs(item.data - three / 255.0).mean() < 0.02  # and close to the original
+
+
+def test_jpeg_is_served_like_its_png(digits_client: TestClient, three: np.ndarray) -> None:
+    raw = _encoded(Image.fromarray(three), "JPEG", quality=95)
+    body = _predict(digits_client, {"image_base64": b64(raw)})
+    assert body["prediction"] == "3"
+    r = digits_client.post(
+        "/predict",
+        json={"model": "digits", "budget": 5, "item": {"image_base64": b64(raw[:200])}},
+    )
+    assert r.status_code == 422 and "JPEG" in r.json()["error"]["message"], r.text
+
+
+def test_an_item_sends_exactly_one_image_field(three: np.ndarray) -> None:
+    decoder = ImageDecoder(ItemSpec(), 1 << 22)
+    data = encodings(three)["L"]
+    with pytest.raises(InvalidItem, match="exactly one of 'image_base64' or 'png_base64'"):
+        decoder.decode({"image_base64": data, "png_base64": data})
+    with pytest.raises(InvalidItem, match=r"no 'image_base64'.*it has 'id', 'values'"):
+        decoder.decode({"id": "x", "values": {}})
+
+
+def test_colour_reaches_rgb_items_and_gray_is_its_luma() -> None:
+    """``channels: rgb`` keeps three channels (transparency over black as in gray); the
+    built-in extractors read such an item as the luma the gray decoding gives."""
+    from service.extractors.builtin import HOG, Thumbnail
+
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, size=(24, 40, 3), dtype=np.uint8)
+    rgb[:, :20] = [200, 30, 10]  # a red half: colour a gray plane cannot tell from others
+    raw = base64.b64decode(_save(Image.fromarray(rgb, "RGB")))
+    gray = ImageDecoder(ItemSpec(), 1 << 22).decode({"image_base64": b64(raw)})
+    colour = ImageDecoder(ItemSpec(channels="rgb"), 1 << 22).decode({"image_base64": b64(raw)})
+    assert gray.data.shape == (24, 40) and colour.data.shape == (24, 40, 3)
+    assert colour.size == gray.size == 24 * 40
+    assert colour.key != gray.key, "the two decodings never share cached features"
+    np.testing.assert_allclose(colour.data, rgb / 255.0, atol=1e-6)
+    np.testing.assert_allclose(colour.data @ [0.299, 0.587, 0.114], gray.data, atol=1 / 255)
+    for extractor in (Thumbnail(), HOG()):
+        np.testing.assert_allclose(
+            extractor.extract(colour.data), extractor.extract(gray.data), atol=0.02
+        )
+    alpha = Image.new("L", (40, 24), 128)
+    half = Image.merge("RGBA", [*Image.fromarray(rgb, "RGB").split(), alpha])
+    faded = ImageDecoder(ItemSpec(channels="rgb"), 1 << 22).decode({"image_base64": _save(half)})
+    np.testing.assert_allclose(faded.data, rgb / 255.0 * (128 / 255), atol=1e-6)
+
+
+def test_exif_orientation_turns_a_photo_upright() -> None:
+    tall = np.zeros((40, 20), dtype=np.uint8)
+    tall[:10] = 255  # bright top
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned: viewers rotate it 90° clockwise
+    stored = Image.fromarray(tall).transpose(Image.Transpose.ROTATE_90)  # 20 high, 40 wide
+    raw = _encoded(stored, "JPEG", quality=95, exif=exif.tobytes())
+    item = ImageDecoder(ItemSpec(), 1 << 22).decode({"image_base64": b64(raw)})
+    assert item.data.shape == (40, 20)
+    assert item.data[:10].mean() > 0.9 and item.data[12:].mean() < 0.1
+
+
+# -------------------------------------------------------------- tabular gaps (issue 26)
+
+
+def test_tabular_null_and_nan_are_gaps_not_errors() -> None:
+    decoder = make_decoder(ItemSpec(kind="tabular", columns=["a", "b", "c"]), 1)
+    item = decoder.decode({"id": "r", "values": {"a": 1.0, "b": None, "c": float("nan")}})
+    assert dict(item.data) == {"a": 1.0}
+    assert item.key == decoder.decode({"id": "r", "values": {"a": 1.0}}).key
+    for bad in (float("inf"), -float("inf"), 1e300):
+        with pytest.raises(InvalidItem, match="send a missing value as null"):
+            decoder.decode({"values": {"a": bad}})

@@ -140,6 +140,28 @@ def test_store_gaps_name_the_sensor_and_the_reason(router_bundle_dir: Path, redi
         assert body["cost"]["given"] == ["r"] and body["cost"]["extracted"] == ["a"]
 
 
+def test_a_gap_in_a_row_is_a_value_not_sent(router_bundle_dir: Path, redis_url: str) -> None:
+    """null or NaN for a column (a client's row with a gap): that sensor is not in hand, so it
+    is acquired from the store or named to collect next; never a 422, never a 500."""
+    store = SensorStore(redis_url, ROUTER_COLUMNS)
+    x, _ = make_router_data(20, seed=25)
+    row = next(r for r in x if r[0] > 0.5)  # routed to a
+    values = {c: float(v) for c, v in zip(ROUTER_COLUMNS, row, strict=True)}
+    with _client(router_bundle_dir) as client:
+        for gap in ("null", "NaN"):  # NaN as Python's json writes it
+            text = json.dumps({"model": "router", "budget": 6.0, "item": {"values": values}})
+            text = text.replace(json.dumps(values["a1"]), gap, 1)
+            r = client.post("/predict", content=text, headers={"content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert sorted(body["cost"]["given"]) == ["b", "r"], body
+            assert body["next_sensor"] == "a" and "'a1'" in body["unavailable"]["a"]
+    store.put(list(row), "gappy")
+    with _client(router_bundle_dir, {"*": store.source()}) as client:
+        body = _predict(client, {"id": "gappy", "values": {**values, "a1": None}})
+        assert body["next_sensor"] is None and body["cost"]["extracted"] == ["a"], body
+
+
 def test_without_an_acquirer_the_answer_names_the_sensor_to_collect(
     router_bundle_dir: Path,
 ) -> None:

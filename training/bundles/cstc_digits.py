@@ -1,5 +1,10 @@
-"""Build a CSTC / CSCC bundle (paper 003) for the digits on the image extractors, so the tree
-can be compared with Poly-Dom on the same items (``budgetserve-train cstc-digits``).
+"""Build a CSTC / CSCC bundle (paper 003) on the image extractors, so the tree can be compared
+with Poly-Dom on the same items: for the digits (``budgetserve-train cstc-digits``) or for any
+labelled image folder (``budgetserve-train cstc-images``, :func:`folder_rows`).
+:func:`build_cstc_image_bundle` is the builder both call, on :class:`ImageRows` (every item's
+feature groups, its size n and its fit / validation / test part).
+
+The digits:
 
 The sensors are the digits bundle's image feature groups (thumbnail, histogram, projection,
 hog, lbp, fft_bands, gabor), each read whole by its extractor plugin, at the measured cost
@@ -11,8 +16,12 @@ are the ones the service extracts from the PNG; the digits are split BY IDENTITY
 never seen at any side, the same digit at another side is not a held-out item. The train
 digits are split again by identity into fitting and validation digits.
 
+An image folder: every image once, at its own size; the held-out images are the folder
+builder's (``--test DIR``, or a stratified split that keeps byte-identical files together),
+the training images are split again into fitting and validation images.
+
 Costs: the optimiser takes one cost per group, so a tree is trained with each group's cost
-averaged over the training sides (the expected cost of the group for an item of the
+averaged over the training items' sizes (the expected cost of the group for an item of the
 training mix), normalised to mean 1 so λ keeps the meaning it has on tabular data. The
 bundle ships the size-dependent curves; each point carries its ``feature_rates`` (the
 fraction of validation items whose walk reads each group), so the service prices a point
@@ -29,7 +38,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -38,16 +47,15 @@ from service.bundle import (
     CostPolynomial,
     CstcPoint,
     CstcStrategy,
-    ExtractorSpec,
-    ItemSpec,
     Manifest,
     ModelSpec,
     read_manifest,
     write_manifest,
 )
-from service.extractors.base import Extractor, create_extractor
+from service.extractors.base import Extractor
 from training.bundles.cstc import Config, estimator_for, export_point, pareto_points
 from training.bundles.digits import DIGITS_EXTRACTORS
+from training.bundles.images import Feature, image_item
 from training.bundles.writer import bundle_version, provenance, staging
 from training.cstc import CSTCClassifier
 from training.executor import INLINE, Executor
@@ -62,9 +70,10 @@ def _noop(stage: str, done: int, total: int) -> None:
 
 
 @dataclass
-class CstcDigitsConfig:
-    name: str = "digits-cstc"
-    sides: tuple[int, ...] = (16, 32, 64, 128)
+class CstcImageConfig:
+    """The trees' settings, whatever the images."""
+
+    name: str = "images-cstc"
     extractors: tuple[str, ...] = DIGITS_EXTRACTORS
     methods: tuple[str, ...] = DIGITS_METHODS
     lambdas: tuple[float, ...] = (0.3, 1.0, 1.5, 2.0, 3.0, 10.0)
@@ -72,17 +81,14 @@ class CstcDigitsConfig:
     depth: int = 3
     sharpness: float = 10.0
     rho: float = 0.001
-    seed: int = 0  # the digits split (training.evaluate.digit_split) and the rendering
-    limit: int | None = None  # source digits used (all 1797 when None), as the digits build
-    validation_fraction: float = 0.2  # of the train digits, by identity
+    seed: int = 0  # the split and the rendering
+    validation_fraction: float = 0.2  # of the train items, by identity
     tolerance: float = 0.0
     max_pixels: int = 1024 * 1024
+    min_side: int = 8
+    channels: Literal["gray", "rgb"] = "gray"
 
     def check(self) -> None:
-        if not self.sides or any(not isinstance(s, int) or s < 8 for s in self.sides):
-            raise ValueError(
-                f"sides must be integers >= 8 (the image's min side), got {self.sides}"
-            )
         unknown = [m for m in self.methods if m not in ("cstc", "cscc", "cronus", "root-only")]
         if unknown:
             raise ValueError(f"methods {unknown} are unknown; known: cstc, cscc, cronus, root-only")
@@ -97,20 +103,45 @@ class CstcDigitsConfig:
 
 
 @dataclass
-class DigitRows:
-    """Every (digit, side) rendered, PNG round-tripped and extracted: ``X`` holds the
-    groups' columns side by side (``groups`` lists each group's columns), one row per item."""
+class CstcDigitsConfig(CstcImageConfig):
+    name: str = "digits-cstc"
+    sides: tuple[int, ...] = (16, 32, 64, 128)
+    limit: int | None = None  # source digits used (all 1797 when None), as the digits build
+
+    def check(self) -> None:
+        if not self.sides or any(not isinstance(s, int) or s < 8 for s in self.sides):
+            raise ValueError(
+                f"sides must be integers >= 8 (the image's min side), got {self.sides}"
+            )
+        super().check()
+
+
+@dataclass
+class ImageRows:
+    """Every item's feature groups: ``X`` holds the groups' columns side by side (``groups``
+    lists each group's columns), one row per item, with its label (an index into
+    ``classes``), its size n (pixels), its identity (the same picture at another size shares
+    it) and its part (fit, validation or test rows)."""
 
     names: list[str]
     groups: list[list[int]]
     X: Array
     labels: npt.NDArray[np.int64]
-    sides: npt.NDArray[np.int64]
-    identity: npt.NDArray[np.int64]  # index into load_digits
+    sizes: npt.NDArray[np.int64]
+    identity: npt.NDArray[np.int64]
     fit: npt.NDArray[np.int64]  # row positions
     validation: npt.NDArray[np.int64]
     test: npt.NDArray[np.int64]
     fingerprint: str
+    classes: list[str]
+
+
+@dataclass
+class DigitRows(ImageRows):
+    """Every (digit, side) rendered, PNG round-tripped and extracted; ``identity`` indexes
+    ``load_digits``."""
+
+    sides: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def size(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         out: npt.NDArray[np.int64] = self.sides[rows] ** 2
@@ -192,21 +223,25 @@ def digits_rows(
         groups=groups,
         X=X,
         labels=np.asarray(all_labels[identity], dtype=np.int64),
+        sizes=side_of * side_of,
         sides=side_of,
         identity=identity,
         fit=np.flatnonzero(where == 0).astype(np.int64),
         validation=np.flatnonzero(where == 1).astype(np.int64),
         test=np.flatnonzero(where == 2).astype(np.int64),
         fingerprint="sha256:" + h.hexdigest(),
+        classes=[str(c) for c in range(10)],
     )
 
 
 def training_costs(
-    costs: dict[str, CostPolynomial], names: Sequence[str], sides: Sequence[int]
+    costs: dict[str, CostPolynomial], names: Sequence[str], sizes: Sequence[int]
 ) -> tuple[Array, float]:
-    """Each group's cost averaged over the training sides, normalised to mean 1 (and the
-    scale: normalised × scale = ms)."""
-    raw = np.asarray([np.mean([costs[n](s * s) for s in sides]) for n in names], dtype=np.float64)
+    """Each group's cost averaged over the training items' sizes (pixels), normalised to mean
+    1 (and the scale: normalised × scale = ms)."""
+    raw = np.asarray(
+        [np.mean([costs[n](float(s)) for s in sizes]) for n in names], dtype=np.float64
+    )
     scale = float(raw.mean())
     return raw / scale, scale
 
@@ -248,7 +283,7 @@ def _fit_digits(
 
 def walk_costs(
     est: CSTCClassifier,
-    data: DigitRows,
+    data: ImageRows,
     rows: npt.NDArray[np.int64],
     costs: dict[str, CostPolynomial],
 ) -> tuple[Array, npt.NDArray[np.bool_]]:
@@ -259,22 +294,29 @@ def walk_costs(
     for i, w in enumerate(walks):
         for acquired in w.acquired:
             read[i, acquired] = True
-    per_side = {
-        int(s): np.asarray([costs[n](int(s) ** 2) for n in data.names]) for s in set(data.sides)
+    per_size = {
+        int(n): np.asarray([costs[f](float(n)) for f in data.names])
+        for n in set(data.sizes[rows].tolist())
     }
-    unit = np.stack([per_side[int(s)] for s in data.sides[rows]])
+    unit = np.stack([per_size[int(n)] for n in data.sizes[rows]])
     return (read * unit).sum(axis=1), read
 
 
+Rows = TypeVar("Rows", bound=ImageRows)
+
+
 @dataclass
-class CstcDigitsResult:
+class CstcImageResult(Generic[Rows]):
     manifest: Manifest
     path: Path
     points: list[dict[str, Any]]
     estimators: dict[str, CSTCClassifier]
-    data: DigitRows
+    data: Rows
     costs: dict[str, CostPolynomial]
     sweep: dict[str, CSTCClassifier] = field(default_factory=dict)
+
+
+CstcDigitsResult = CstcImageResult[DigitRows]
 
 
 def build_cstc_digits_bundle(
@@ -286,22 +328,57 @@ def build_cstc_digits_bundle(
     executor: Executor = INLINE,
     progress: Progress = _noop,
 ) -> CstcDigitsResult:
-    """Render and extract (unless ``data`` is given), fit every (method, λ) on the fitting
-    digits, keep the validation Pareto set, export every node (checked against the fitted
-    one on the held-out digits) and write the bundle atomically."""
+    """Render and extract the digits (unless ``data`` is given), then
+    :func:`build_cstc_image_bundle`."""
     config.check()
-    extractors = [create_extractor(n) for n in config.extractors]
-    names = [e.name for e in extractors]
+    features = [Feature.create(n) for n in config.extractors]
     if data is None:
         data = digits_rows(
-            extractors,
+            [f.extractor for f in features],
             config.sides,
             seed=config.seed,
             limit=config.limit,
             validation_fraction=config.validation_fraction,
             progress=progress,
         )
-    norm_costs, scale = training_costs(costs, names, config.sides)
+    return build_cstc_image_bundle(
+        out_dir,
+        config,
+        features,
+        costs,
+        data,
+        executor=executor,
+        parameters={
+            "sides": list(config.sides),
+            "limit": config.limit,
+            "split": "by digit identity (training.evaluate.digit_split)",
+            "digits": {
+                "fit": len(set(data.identity[data.fit].tolist())),
+                "validation": len(set(data.identity[data.validation].tolist())),
+                "test": len(set(data.identity[data.test].tolist())),
+            },
+        },
+    )
+
+
+def build_cstc_image_bundle(
+    out_dir: Path,
+    config: CstcImageConfig,
+    features: Sequence[Feature],
+    costs: dict[str, CostPolynomial],
+    data: Rows,
+    *,
+    executor: Executor = INLINE,
+    parameters: dict[str, Any] | None = None,
+) -> CstcImageResult[Rows]:
+    """Fit every (method, λ) on the fitting rows, keep the validation Pareto set, export
+    every node (checked against the fitted one on the held-out rows) and write the bundle
+    atomically. ``parameters`` join the provenance's."""
+    config.check()
+    names = [f.name for f in features]
+    if names != data.names:
+        raise ValueError(f"the data's feature groups {data.names} are not the bundle's {names}")
+    norm_costs, scale = training_costs(costs, names, data.sizes[data.fit].tolist())
     params = FitParams(config.depth, config.sharpness, config.rho, config.n_rounds, config.seed)
     configs = [Config(m, float(lam)) for m in config.methods for lam in config.lambdas]
     X, y = data.X, data.labels
@@ -333,7 +410,7 @@ def build_cstc_digits_bundle(
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
     classes = np.unique(y[data.fit])
     prior = np.asarray([np.mean(y[data.fit] == c) for c in classes])
-    x_test = X[data.test]  # checks the export only: nothing is chosen on test digits
+    x_test = X[data.test]  # checks the export only: nothing is chosen on test items
     with staging(out_dir) as tmp:
         models = [
             ModelSpec(
@@ -370,13 +447,10 @@ def build_cstc_digits_bundle(
         manifest = Manifest(
             name=config.name,
             version=bundle_version(tmp),
-            classes=[str(c) for c in classes],
+            classes=[data.classes[int(c)] for c in classes],
             cost_unit="ms",
-            item=ItemSpec(kind="image", max_pixels=config.max_pixels),
-            extractors=[
-                ExtractorSpec(name=e.name, version=e.version, dims=e.dims, cost=costs[e.name])
-                for e in extractors
-            ],
+            item=image_item(config),
+            extractors=[f.spec(costs[f.name]) for f in features],
             models=models,
             strategies=[
                 CstcStrategy(name="cstc", points=points, tolerance=config.tolerance),
@@ -385,7 +459,7 @@ def build_cstc_digits_bundle(
             provenance=provenance(
                 data.fingerprint,
                 {
-                    "sides": list(config.sides),
+                    **(parameters or {}),
                     "extractors": names,
                     "training_costs_ms": {
                         n: float(c * scale) for n, c in zip(names, norm_costs, strict=True)
@@ -396,19 +470,12 @@ def build_cstc_digits_bundle(
                     "sharpness": config.sharpness,
                     "rho": config.rho,
                     "seed": config.seed,
-                    "limit": config.limit,
-                    "split": "by digit identity (training.evaluate.digit_split)",
-                    "digits": {
-                        "fit": len(set(data.identity[data.fit].tolist())),
-                        "validation": len(set(data.identity[data.validation].tolist())),
-                        "test": len(set(data.identity[data.test].tolist())),
-                    },
                     "sweep": rows,
                 },
             ),
         )
         write_manifest(tmp, manifest)
-    return CstcDigitsResult(
+    return CstcImageResult(
         manifest,
         out_dir,
         rows,

@@ -25,6 +25,20 @@ from service.types import FloatArray
 S = TypeVar("S", bound="TabularSpec")
 
 
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A spec file's top-level mapping: YAML (``.yaml``, ``.yml``) or JSON."""
+    text = path.read_text()
+    if path.suffix in {".yaml", ".yml"}:
+        import yaml
+
+        raw = yaml.safe_load(text)
+    else:
+        raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return raw
+
+
 @dataclass
 class TabularSpec:
     """What a tabular builder reads besides the CSV (JSON or YAML)."""
@@ -39,18 +53,14 @@ class TabularSpec:
     test_fraction: float = 0.2
     validation_fraction: float = 0.2
     seed: int = 0
+    # Missing cells (empty, NA, NaN, null, ?): how to fill them before training, from the
+    # training rows only: "mean", "median", "zero", or {column: number | "mean" | "median"};
+    # None: refused when the CSV has gaps (see native_missing).
+    impute: str | dict[str, float | str] | None = None
 
     @classmethod
     def load(cls: type[S], path: Path) -> S:
-        text = path.read_text()
-        if path.suffix in {".yaml", ".yml"}:
-            import yaml
-
-            raw = yaml.safe_load(text)
-        else:
-            raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw)}")
+        raw = read_mapping(path)
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(
@@ -94,6 +104,7 @@ class TabularSpec:
                 raise ValueError(f"{fraction} must be a number in (0, 1), got {value!r}")
         if self.test_fraction + self.validation_fraction >= 1:
             raise ValueError("test_fraction + validation_fraction must leave rows to train on")
+        check_impute(self.impute, [c for cols in self.sensors.values() for c in cols])
         seen: dict[str, str] = {}
         for sensor, columns in self.sensors.items():
             if (
@@ -161,23 +172,133 @@ class TabularSpec:
     def item(self) -> ItemSpec:
         return tabular_item(self.sensors)
 
+    def native_missing(self) -> bool:
+        """Whether every learner this spec trains takes missing values (NaN) as they are.
+        None does yet: LightGBM would, but the DAG and gating estimators refuse non-finite
+        rows and their exports are checked on complete rows; a builder that lifts that
+        overrides this."""
+        return False
+
+    def split_indices(
+        self, y: npt.NDArray[Any]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The row positions of :meth:`split`'s train, validation and test rows."""
+        rows = np.arange(len(y), dtype=np.int64)
+        rest, test, y_rest, _ = train_test_split(
+            rows, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
+        )
+        train, val = train_test_split(
+            rest,
+            test_size=self.validation_fraction / (1 - self.test_fraction),
+            stratify=y_rest,
+            random_state=self.seed,
+        )
+        return train, val, test
+
     def split(
         self, x: FloatArray, y: npt.NDArray[Any]
     ) -> tuple[
         FloatArray, FloatArray, FloatArray, npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]
     ]:
-        """Stratified train / validation / test rows: x_train, x_val, x_test, y_train, ..."""
-        x_rest, x_test, y_rest, y_test = train_test_split(
-            x, y, test_size=self.test_fraction, stratify=y, random_state=self.seed
-        )
-        x_train, x_val, y_train, y_val = train_test_split(
-            x_rest,
-            y_rest,
-            test_size=self.validation_fraction / (1 - self.test_fraction),
-            stratify=y_rest,
-            random_state=self.seed,
-        )
+        """Stratified train / validation / test rows: x_train, x_val, x_test, y_train, ...
+
+        Missing cells (NaN) are filled as ``impute`` declares, with values computed on the
+        training rows only; without ``impute`` they are refused (:class:`MissingValues` says
+        what to declare) unless every learner takes them as they are (:meth:`native_missing`)."""
+        gaps = np.isnan(x)
+        if gaps.any() and self.impute is None and not self.native_missing():
+            raise MissingValues(self, gaps)
+        train, val, test = self.split_indices(y)
+        x_train, x_val, x_test = x[train], x[val], x[test]
+        y_train, y_val, y_test = y[train], y[val], y[test]
+        if gaps.any() and self.impute is not None:
+            fill = fill_values(self, x_train)
+            x_train, x_val, x_test = (_filled(part, fill) for part in (x_train, x_val, x_test))
         return x_train, x_val, x_test, y_train, y_val, y_test
+
+
+IMPUTE_STRATEGIES = ("mean", "median", "zero")
+
+
+def check_impute(impute: Any, columns: Sequence[str]) -> None:
+    """``impute`` is None, a strategy for every column, or {column: number | mean | median}."""
+    if impute is None or impute in IMPUTE_STRATEGIES:
+        return
+    if isinstance(impute, dict):
+        unknown = [c for c in impute if c not in columns]
+        if unknown:
+            raise ValueError(
+                f"impute names columns no sensor serves: {unknown}; the sensor columns are "
+                f"{list(columns)}"
+            )
+        bad = {
+            c: v
+            for c, v in impute.items()
+            if not (
+                v in ("mean", "median")
+                or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
+            )
+        }
+        if not bad:
+            return
+        raise ValueError(f"impute values must be finite numbers, 'mean' or 'median'; got {bad}")
+    raise ValueError(
+        f"impute must be one of {list(IMPUTE_STRATEGIES)}, or a mapping column -> number | "
+        f"'mean' | 'median'; got {impute!r}"
+    )
+
+
+class MissingValues(ValueError):
+    """The data has gaps and a learner of the spec cannot take them: declare an imputation."""
+
+    def __init__(self, spec: TabularSpec, gaps: npt.NDArray[np.bool_]) -> None:
+        columns = [c for cols in spec.sensors.values() for c in cols]
+        per_column = gaps.sum(axis=0)
+        shown = ", ".join(f"{c} ({int(n)})" for c, n in zip(columns, per_column, strict=True) if n)
+        super().__init__(
+            f"the data has {int(gaps.sum())} missing cells (empty or NA) in {shown}: declare "
+            "how to fill them in the spec, `impute: median` (or mean, zero, or per column "
+            "{column: number | mean | median}), computed on the training rows only. Served "
+            "items with a missing value are read as that sensor not sent, whatever the fill"
+        )
+
+
+def fill_values(spec: TabularSpec, x_train: FloatArray) -> dict[int, float]:
+    """The value filling each column's gaps (by position), from the training rows."""
+    columns = [c for cols in spec.sensors.values() for c in cols]
+    out: dict[int, float] = {}
+    for j, column in enumerate(columns):
+        rule = spec.impute if not isinstance(spec.impute, dict) else spec.impute.get(column)
+        if rule is None:
+            continue
+        if isinstance(rule, int | float):
+            out[j] = float(rule)
+            continue
+        known = x_train[:, j][~np.isnan(x_train[:, j])]
+        if rule != "zero" and not len(known):
+            raise ValueError(
+                f"column {column!r} has no value in any training row: cannot take its {rule}; "
+                "give it a number in `impute`, or leave the column out of `sensors`"
+            )
+        out[j] = (
+            0.0 if rule == "zero" else float(np.mean(known) if rule == "mean" else np.median(known))
+        )
+    missing = [
+        columns[j] for j in range(len(columns)) if j not in out and np.isnan(x_train[:, j]).any()
+    ]
+    if missing:
+        raise ValueError(
+            f"columns {missing} have missing cells and no rule in `impute`: add them "
+            "(a number, mean or median)"
+        )
+    return out
+
+
+def _filled(x: FloatArray, fill: dict[int, float]) -> FloatArray:
+    out = np.array(x, dtype=np.float64, copy=True)
+    for j, value in fill.items():
+        out[np.isnan(out[:, j]), j] = value
+    return out
 
 
 def tabular_item(sensors: Mapping[str, Sequence[str]]) -> ItemSpec:
@@ -253,10 +374,16 @@ def _rows(text: str, delimiter: str) -> list[list[str]]:
     return list(csv.reader(text.splitlines(), delimiter=delimiter))
 
 
+#: Cells read as a missing value (a gap), whatever their case: empty, NA, N/A, NaN, null,
+#: None, ?.
+MISSING_CELLS = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})
+
+
 def read_csv(
     path: Path, spec: TabularSpec, delimiter: str | None = None
 ) -> tuple[FloatArray, npt.NDArray[Any], list[str]]:
-    """The sensor columns as floats, the label column as strings, and the column names.
+    """The sensor columns as floats (NaN for a missing cell: :data:`MISSING_CELLS`), the
+    label column as strings, and the column names.
 
     The delimiter is ``delimiter``, else the spec's, else detected (:func:`detect_delimiter`:
     comma, semicolon, tab, pipe or runs of whitespace). Errors name what was found: the
@@ -305,6 +432,9 @@ def read_csv(
     for r, cells_of_row in enumerate(rows):
         for j, position in enumerate(positions):
             cell = cells_of_row[position]
+            if cell.strip().lower() in MISSING_CELLS:
+                x[r, j] = math.nan  # a gap: filled as the spec's `impute` says, or kept
+                continue
             try:
                 x[r, j] = float(cell)
             except ValueError:
@@ -313,14 +443,21 @@ def read_csv(
                     "not a number: sensor columns must be numeric (encode categories as "
                     f"numbers, or leave the column out of `sensors`){hint}"
                 ) from None
-    bad = ~np.isfinite(x)
+    bad = np.isinf(x)
     if bad.any():
         row, col = (int(v) for v in np.argwhere(bad)[0])
         raise ValueError(
             f"{path}: row {row + 1}, column {needed[col]!r} is {x[row, col]} ({int(bad.sum())} "
-            "non-finite cells in all): fill or drop such rows before training"
+            "infinite cells in all): fix or drop such rows before training (a missing value "
+            "is an empty cell or NA)"
         )
     y = np.asarray([r[index[spec.label]].strip() for r in rows])
+    unlabelled = [i for i, label in enumerate(y) if label.lower() in MISSING_CELLS]
+    if unlabelled:
+        raise ValueError(
+            f"{path}: {len(unlabelled)} rows have no label in {spec.label!r} (row "
+            f"{unlabelled[0] + 1} first): drop them before training"
+        )
     return x, y, needed
 
 

@@ -156,3 +156,80 @@ def test_cli_takes_a_delimiter_and_reports_a_wrong_one(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--delimiter", ", "])
     assert result.exit_code != 0
     assert "delimiter must be one character" in " ".join(result.output.split())
+
+
+# ---------------------------------------------------------------- missing cells (issue 26)
+
+
+def _gappy(path: Path, rows: int = 60, seed: int = 0) -> Path:
+    """A CSV whose sensor cells are blank a tenth of the time (empty, NA, nan, ?, null)."""
+    rng = np.random.default_rng(seed)
+    tokens = ["", "NA", "nan", "?", "null"]
+    lines = [",".join(COLUMNS)]
+    for r in range(rows):
+        cells = [f"{v:.3f}" for v in rng.normal(size=3)]
+        cells = [tokens[(r + j) % 5] if rng.random() < 0.1 else c for j, c in enumerate(cells)]
+        lines.append(",".join([*cells, "xy"[r % 2]]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_missing_cells_read_as_gaps_and_labels_must_be_there(tmp_path: Path) -> None:
+    x, y, _ = read_csv(_gappy(tmp_path / "g.csv"), _spec())
+    assert 0 < np.isnan(x).sum() < x.size and set(y) == {"x", "y"}
+    (tmp_path / "nolabel.csv").write_text("a,b,c,label\n1,2,3,x\n1,2,3,NA\n4,5,6,\n")
+    with pytest.raises(ValueError, match="2 rows have no label in 'label' \\(row 2 first\\)"):
+        read_csv(tmp_path / "nolabel.csv", _spec())
+    (tmp_path / "inf.csv").write_text("a,b,c,label\n1,inf,3,x\n")
+    with pytest.raises(ValueError, match="row 1, column 'b' is inf"):
+        read_csv(tmp_path / "inf.csv", _spec())
+
+
+def test_gaps_need_a_declared_imputation(tmp_path: Path) -> None:
+    x, y, _ = read_csv(_gappy(tmp_path / "g.csv"), _spec())
+    with pytest.raises(ValueError, match=r"missing cells \(empty or NA\) in a \(\d+\)") as info:
+        _spec().split(x, y)
+    assert "impute: median" in str(info.value)
+    for learner in ("linear", "gbrt"):  # the DAG estimator refuses gaps whatever its learner
+        with pytest.raises(ValueError, match="impute"):
+            DagSpec(name="t", label="label", sensors=SENSORS, learner=learner).split(x, y)
+
+    class Native(TabularSpec):
+        def native_missing(self) -> bool:
+            return True
+
+    native = Native(name="t", label="label", sensors=SENSORS)
+    assert np.isnan(np.vstack(native.split(x, y)[:3])).any(), "a builder that takes gaps gets them"
+
+
+@pytest.mark.parametrize("impute", ["median", "mean", "zero", {"a": 7.5, "b": "mean", "c": 0}])
+def test_declared_imputation_fills_from_training_rows_only(
+    tmp_path: Path, impute: str | dict[str, Any]
+) -> None:
+    x, y, _ = read_csv(_gappy(tmp_path / "g.csv", rows=80), _spec())
+    spec = _spec(impute=impute)
+    spec.check()
+    x_train, x_val, x_test, *_ = spec.split(x, y)
+    assert not np.isnan(np.vstack([x_train, x_val, x_test])).any()
+    raw_train = _spec(impute=None).split(np.nan_to_num(x, nan=1e9), y)[0]  # same rows
+    gaps = raw_train == 1e9
+    rule = impute if isinstance(impute, str) else impute["b"]
+    column = x_train[:, 1]
+    known = raw_train[~gaps[:, 1], 1]
+    expected = {"median": np.median(known), "mean": np.mean(known), "zero": 0.0}[rule]
+    assert np.allclose(column[gaps[:, 1]], expected)
+    if isinstance(impute, dict):
+        assert np.all(x_train[gaps[:, 0], 0] == 7.5)
+
+
+@pytest.mark.parametrize(
+    ("impute", "message"),
+    [
+        ("mode", "impute must be one of"),
+        ({"zz": 1}, "columns no sensor serves: \\['zz'\\]"),
+        ({"a": float("nan")}, "finite numbers, 'mean' or 'median'"),
+    ],
+)
+def test_bad_imputations_are_refused(impute: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _spec(impute=impute).check()
