@@ -115,48 +115,26 @@ class ExtractorSource:
 
 class MeasuredCost:
     """Milliseconds of wall time since ``start`` (a ``perf_counter()``); every extraction's
-    time is recorded in ``calibrator`` for items of ``size``.
-
-    Between :meth:`begin` and :meth:`flush` (:func:`run_session`'s loop) the extractions are
-    recorded at the end, each with a thread CPU time: its wall time times the share of the
-    session's wall time that the thread spent on a CPU (so a busy machine is not taken for a
-    slow extractor: ``service.calibration``). The share is measured once per session, not
-    per extraction: reading a thread's CPU clock is a system call on virtual machines (1 to
-    5 µs here, against 0.1 µs for ``perf_counter``), which two per extraction made as dear
-    as a small template of the OCR bundles."""
+    time is recorded in ``calibrator`` for items of ``size``, with its thread CPU time when
+    :func:`run_session` measured it (:meth:`charge_timed`)."""
 
     def __init__(self, start: float, calibrator: CostCalibrator, size: int) -> None:
         self.start = start
         self.calibrator = calibrator
         self.size = size
-        self._timed: list[tuple[str, float]] = []
-        self._since: tuple[float, float] | None = None  # (wall, thread CPU) at begin
 
     def spent(self) -> float:
         return _ms_since(self.start)
 
     def charge(self, feature: str, seconds: float) -> float:
-        if self._since is None:
-            self.calibrator.record(feature, self.size, seconds * 1000.0)
-        else:
-            self._timed.append((feature, seconds))
+        self.calibrator.record(feature, self.size, seconds * 1000.0)
         return seconds * 1000.0
 
-    def begin(self) -> None:
-        self._since = (time.perf_counter(), time.thread_time())
-
-    def flush(self) -> None:
-        """Record the extractions charged since :meth:`begin` (see the class)."""
-        if self._since is None:
-            return
-        wall0, cpu0 = self._since
-        wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
-        share = min(cpu / wall, 1.0) if wall > 0 else 1.0
-        for feature, seconds in self._timed:
-            ms = seconds * 1000.0
-            self.calibrator.record(feature, self.size, ms, ms * share)
-        self._timed.clear()
-        self._since = None
+    def charge_timed(self, feature: str, seconds: float, cpu_seconds: float) -> float:
+        """:meth:`charge`, telling the calibrator the extraction's thread CPU time too (so a
+        busy machine is not taken for a slow extractor: ``service.calibration``)."""
+        self.calibrator.record(feature, self.size, seconds * 1000.0, cpu_seconds * 1000.0)
+        return seconds * 1000.0
 
 
 class DeclaredCost:
@@ -239,26 +217,6 @@ def run_session(
     feature ``source`` does not know or of one already in hand, or no answer within one
     step per feature of ``source`` plus one.
     """
-    timed = meter if isinstance(meter, MeasuredCost) else None
-    if timed is not None:
-        timed.begin()
-    try:
-        return _run(runtime, size, budget, in_hand, source, meter, reserve, on_acquire)
-    finally:
-        if timed is not None:
-            timed.flush()
-
-
-def _run(
-    runtime: StrategyRuntime,
-    size: int,
-    budget: float,
-    in_hand: Mapping[str, FloatVector],
-    source: FeatureSource,
-    meter: CostMeter,
-    reserve: float,
-    on_acquire: Callable[[str, float], None],
-) -> SessionRun:
     features: dict[str, FloatVector] = dict(in_hand)
     acquired: dict[str, FloatVector] = {}
     charged: dict[str, float] = {}
@@ -270,6 +228,7 @@ def _run(
     # session, faulty or not, takes more steps than this; the bound states that termination
     # locally rather than leaving it to those checks.
     steps = len(names) + 1
+    cpu_mark: tuple[float, float] | None = None  # (perf_counter, thread_time) at the last read
     for _ in range(steps):
         spent = meter.spent()
         obs = Observation(size=size, budget=plan_budget, spent=spent, features=features)
@@ -308,6 +267,8 @@ def _run(
                 "acquire each feature at most once and never one it was given",
             )
         t0 = time.perf_counter()
+        if cpu_mark is None:  # the first extraction: the thread's CPU clock from here on
+            cpu_mark = (t0, time.thread_time())
         try:
             vector = source.acquire(feature)
         except FeatureUnavailable as exc:
@@ -332,9 +293,22 @@ def _run(
                 stopped_early=False,
                 unavailable={feature: exc.reason},
             )
-        elapsed = time.perf_counter() - t0
+        done = time.perf_counter()
+        elapsed = done - t0
+        # One read of the CPU clock per extraction (a system call on virtual machines, 1 to
+        # 5 µs here against 0.1 µs for perf_counter: two per extraction made it as dear as
+        # a small OCR template). The CPU time since the previous read covers this extraction
+        # and the planning step before it; the extraction's part is its share of that wall
+        # time.
+        cpu_now = time.thread_time()
+        span = done - cpu_mark[0]
+        cpu = (cpu_now - cpu_mark[1]) * (elapsed / span if span > 0 else 1.0)
+        cpu_mark = (done, cpu_now)
         on_acquire(feature, elapsed)
-        charged[feature] = meter.charge(feature, elapsed)
+        if isinstance(meter, MeasuredCost):
+            charged[feature] = meter.charge_timed(feature, elapsed, cpu)
+        else:
+            charged[feature] = meter.charge(feature, elapsed)
         acquire_ms[feature] = elapsed * 1000.0
         features[feature] = vector
         acquired[feature] = vector

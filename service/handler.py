@@ -111,6 +111,10 @@ class ThreadGate:
             granted.cancel()
             raise
 
+    def waiting_deadlines(self) -> list[float]:
+        """The deadlines of the requests waiting for a thread (safe from any thread)."""
+        return [deadline for deadline, _, waiter in list(self._heap) if not waiter.done()]
+
     def release(self) -> None:
         while self._heap:
             _, _, waiter = heapq.heappop(self._heap)
@@ -325,13 +329,16 @@ class PredictHandler:
 
         def work() -> tuple[float, Execution]:
             started = time.perf_counter()
+            # Others waiting for a thread: plan within a share of their time, not all of ours.
+            left = budget - reserve_ms - (started - start(started)) * 1e3
+            squeeze = max(left - self._share_ms(started), 0.0) if measured else 0.0
             return started, execute(
                 bundle,
                 decoded,
                 budget,
                 in_hand,
                 start(started),
-                reserve_ms=reserve_ms,
+                reserve_ms=reserve_ms + squeeze,
                 runtime=runtime,
                 on_extraction=self._observe_extraction,
                 on_inference=self._observe_inference,
@@ -400,6 +407,20 @@ class PredictHandler:
         }
         return response, writes
 
+    def _share_ms(self, now: float) -> float:
+        """What a request starting its work ``now`` may plan while others wait for a thread
+        (ms; infinite when none waits): an equal share, among the waiters and the threads,
+        of the time the most urgent waiter has left before its deadline (less the service's
+        overhead). So under load each plan gets cheaper, and the queue drains before the
+        deadlines in it pass, instead of the first requests buying rich plans and the ones
+        behind them answering from the prior."""
+        deadlines = self.gate.waiting_deadlines()
+        if not deadlines:
+            return math.inf
+        slack = (min(deadlines) - now) * 1e3 - self.floor.overhead_ms()
+        threads = self.gate.threads
+        return max(slack, 0.0) * threads / (len(deadlines) + threads)
+
     def _admit_by_deadline(self, budget: float, received: float) -> None:
         """Refuse (503, before any work) a request whose deadline can no longer be met while
         this process has a standing queue, CoDel-style: so little of its budget is left that
@@ -454,9 +475,13 @@ class PredictHandler:
         """The response's JSON, encoded once."""
         return response.__pydantic_serializer__.to_json(response)
 
-    def answered(self, response: PredictResponse, written_at: float) -> None:
+    def answered(
+        self, response: PredictResponse, written_at: float, seen: float | None = None
+    ) -> None:
         """The response was written at ``written_at`` (a ``perf_counter()``): record what
-        the service itself cost it (``service.floor``)."""
+        the service itself cost it (``service.floor``). ``seen``: when the app's task first
+        ran for it (the wait before, for the event loop, is load, not the service's own
+        cost; the receipt when not given)."""
         clock = response._clock
         if clock is None or response.cost.unit != "ms":
             return
@@ -465,7 +490,7 @@ class PredictHandler:
         self.floor.record(
             response.model,
             size,
-            overhead_ms=(written_at - received) * 1e3
+            overhead_ms=(written_at - (received if seen is None else seen)) * 1e3
             - t.decode
             - t.extraction
             - t.inference

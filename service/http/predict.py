@@ -219,7 +219,7 @@ class PredictEndpoint:
             await send({"type": "http.response.body", "body": payload})
             answered = scope_state.get("response")
             if answered is not None and self.state.handler is not None:
-                self.state.handler.answered(answered, time.perf_counter())
+                self.state.handler.answered(answered, time.perf_counter(), seen=started)
         finally:
             log_request(scope, rid, status, started, scope_state.get("summary"))
             request_id.reset(token)
