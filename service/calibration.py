@@ -396,9 +396,26 @@ class CostCalibrator:
 
     def factors_at(self, n: float) -> dict[str, float]:
         """Every extractor's calibration factor at size ``n``, times the machine's current
-        :meth:`contention` (what planning multiplies the profiled curves by)."""
+        :meth:`contention` (what planning multiplies the profiled curves by). (As
+        :meth:`factor` per extractor, with the bundle-wide prior computed once: this runs
+        on every request.)"""
         busy = self.contention()
-        return {name: self.factor(name, n) * busy for name in self._curves}
+        if not self._enabled:
+            return dict.fromkeys(self._curves, busy)
+        prior: float | None = None
+        factors = {}
+        for name in self._curves:
+            state = self._states.get(name)
+            ring = None if state is None else self._ring_for(state, n)
+            if ring is not None:
+                factors[name] = self._value(ring) * busy
+            elif state is None:
+                factors[name] = busy
+            else:
+                if prior is None:
+                    prior = self.prior()
+                factors[name] = prior * busy
+        return factors
 
     # -- reporting -------------------------------------------------------------------------
 

@@ -228,7 +228,6 @@ def run_session(
     # session, faulty or not, takes more steps than this; the bound states that termination
     # locally rather than leaving it to those checks.
     steps = len(names) + 1
-    cpu_mark: tuple[float, float] | None = None  # (perf_counter, thread_time) at the last read
     for _ in range(steps):
         spent = meter.spent()
         obs = Observation(size=size, budget=plan_budget, spent=spent, features=features)
@@ -267,8 +266,7 @@ def run_session(
                 "acquire each feature at most once and never one it was given",
             )
         t0 = time.perf_counter()
-        if cpu_mark is None:  # the first extraction: the thread's CPU clock from here on
-            cpu_mark = (t0, time.thread_time())
+        c0 = time.thread_time()
         try:
             vector = source.acquire(feature)
         except FeatureUnavailable as exc:
@@ -293,17 +291,8 @@ def run_session(
                 stopped_early=False,
                 unavailable={feature: exc.reason},
             )
-        done = time.perf_counter()
-        elapsed = done - t0
-        # One read of the CPU clock per extraction (a system call on virtual machines, 1 to
-        # 5 µs here against 0.1 µs for perf_counter: two per extraction made it as dear as
-        # a small OCR template). The CPU time since the previous read covers this extraction
-        # and the planning step before it; the extraction's part is its share of that wall
-        # time.
-        cpu_now = time.thread_time()
-        span = done - cpu_mark[0]
-        cpu = (cpu_now - cpu_mark[1]) * (elapsed / span if span > 0 else 1.0)
-        cpu_mark = (done, cpu_now)
+        elapsed = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         on_acquire(feature, elapsed)
         if isinstance(meter, MeasuredCost):
             charged[feature] = meter.charge_timed(feature, elapsed, cpu)

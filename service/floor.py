@@ -17,8 +17,9 @@ from a few in-process requests at start-up, ``service.http.app``), so that the s
 Three statistics, each the p95 of a ring of the last ``window`` samples (the quantile is
 recomputed every ``refresh`` samples, so recording is O(1) on the request path):
 
-- ``overhead``: receipt to written answer, less decoding, extraction, inference of the
-  answering model and any wait for a worker thread (load, not floor);
+- ``overhead``: from the app's first sight of the request to the written answer, less
+  decoding, extraction, inference of the answering model and any wait for a worker thread
+  (the waits for the event loop and for a thread are load, not floor);
 - ``tail``: from the start of the work to the written answer, less extraction;
 - ``decode``: milliseconds of decoding, per bundle and size bucket (powers of two), with
   the bucket's mean size, so that sizes between two buckets seen are priced between them.

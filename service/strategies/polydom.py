@@ -142,6 +142,17 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         self._ranked = [(sum(bit[f] for f in self.model_features[m]), m) for m in ranked]
         self._bit = bit
         self._fallback_model = self.best_computable(frozenset())
+        # The scan as one matrix product: models by falling accuracy (ties in the manifest's
+        # order, as a loop keeping the first strictly better model would), by feature.
+        order = sorted(
+            enumerate(self.model_features), key=lambda im: (-self.accuracy[im[1]], im[0])
+        )
+        self._scan_models = [m for _, m in order]
+        names = self.costs.names
+        self._scan_matrix = np.array(
+            [[f in self.model_features[m] for f in names] for m in self._scan_models],
+            dtype=np.float64,
+        ).reshape(len(self._scan_models), len(names))
         # Under uneven calibration: an index rebuilt off the request path from the factors
         # (service.strategies.polydom_calibrated); only for curves non-decreasing in n.
         self._ranges = ranges_for(self.size_domain)
@@ -241,15 +252,16 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         # never makes an exactly affordable set unaffordable.
         # Models whose features are all in hand cost nothing and fit even an exhausted budget.
         limit = max(budget, 0.0) + _REL_TOLERANCE * max(abs(budget), 1.0)
-        best, best_cost, best_acc = self._fallback_model, 0.0, -1.0
-        for model_id, features in self.model_features.items():
-            acc = self.accuracy[model_id]
-            if acc <= best_acc:
-                continue
-            cost = sum(per_feature[f] for f in features if f not in in_hand)
-            if cost <= limit:
-                best, best_cost, best_acc = model_id, cost, acc
-        return best, best_cost
+        missing = np.array(
+            [0.0 if f in in_hand else per_feature[f] for f in self.costs.names], dtype=np.float64
+        )
+        costs = self._scan_matrix @ missing  # every model's cost, most accurate first
+        fits = np.flatnonzero(costs <= limit)
+        if not len(fits):
+            return self._fallback_model, 0.0
+        best = self._scan_models[int(fits[0])]
+        # (its cost summed feature by feature, as every other planner of this module sums it)
+        return best, sum(per_feature[f] for f in self.model_features[best] if f not in in_hand)
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature, factors = self.costs.at_with_factors(size)
