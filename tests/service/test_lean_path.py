@@ -23,7 +23,8 @@ from fastapi.testclient import TestClient
 
 from service.cache import InProcessCache
 from service.floor import FloorMeter
-from service.handler import PredictHandler, ThreadGate
+from service.gate import ThreadGate
+from service.handler import PredictHandler
 from service.http import create_app
 from service.metrics import Metrics
 from service.registry import Bundle, Registry, load_bundle
