@@ -274,11 +274,14 @@ class PredictHandler:
             """Where ``spent`` counts from, for work that starts ``now``."""
             return received if deadline else now - cache_s
 
-        def work() -> tuple[float, Execution]:
+        def work(cap_ms: float = math.inf) -> tuple[float, Execution]:
             started = time.perf_counter()
             # Others waiting for a thread: plan within a share of their time, not all of ours.
             left = budget - reserve_ms - (started - start(started)) * 1e3
-            squeeze = max(left - self._share_ms(started), 0.0) if measured else 0.0
+            share = min(self._share_ms(started), cap_ms)
+            if self._standing:  # behind a standing queue: leave half of what is left to it
+                share = min(share, left / 2.0)
+            squeeze = max(left - share, 0.0) if measured else 0.0
             return started, execute(
                 bundle,
                 decoded,
@@ -305,7 +308,9 @@ class PredictHandler:
                 left_ms -= (queued_at - received) * 1e3
             wait_limit = (left_ms - cheapest) / 1e3 if deadline else budget / 1e3
             affordable = left_ms >= cheapest
-            inline = affordable and left_ms <= self.inline_ms
+            # Small plans run on this loop; so do all plans, made small, behind a standing
+            # queue (a thread's answer would wait for the congested loop to take it back).
+            inline = affordable and (left_ms <= self.inline_ms or self._standing)
         else:  # a budget that is not time: wait at most max_wait_s, then answer from what it has
             wait_limit = self.limits.max_wait_s
         queued_s = 0.0
@@ -317,11 +322,17 @@ class PredictHandler:
             hand_budget = budget if cheapest == math.inf else 0.0
             run = self._from_hand(bundle, decoded, hand_budget, in_hand, runtime, start(started))
         elif inline:
-            started, run = work()
+            started, run = work(cap_ms=self.inline_ms)
         elif await self._acquire(wait_limit, nbytes, due) is None:
+            # No thread in time: a small plan on this loop if one is still affordable (a
+            # cheap feature beats the prior), else the answer from what is in hand.
             started = time.perf_counter()
-            run = self._from_hand(bundle, decoded, 0.0, in_hand, runtime, start(started))
             queued_s = started - queued_at
+            left_ms = budget - reserve_ms - (started - start(started)) * 1e3
+            if measured and left_ms >= cheapest:
+                started, run = work(cap_ms=self.inline_ms)
+            else:
+                run = self._from_hand(bundle, decoded, 0.0, in_hand, runtime, start(started))
         else:
             try:
                 started, run = await self._on_thread(work)
