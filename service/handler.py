@@ -310,7 +310,9 @@ class PredictHandler:
             affordable = left_ms >= cheapest
             # Small plans run on this loop; so do all plans, made small, behind a standing
             # queue (a thread's answer would wait for the congested loop to take it back).
-            inline = affordable and (left_ms <= self.inline_ms or self._standing)
+            inline = affordable and (
+                left_ms <= self.inline_ms or (self._standing and self.inline_ms > 0)
+            )
         else:  # a budget that is not time: wait at most max_wait_s, then answer from what it has
             wait_limit = self.limits.max_wait_s
         queued_s = 0.0

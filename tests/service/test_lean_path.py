@@ -201,8 +201,8 @@ def digits_bundle(digits_bundle_dir: Path) -> Bundle:
 
 def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bundle) -> None:
     """Every thread busy: a request whose whole plan fits in ``inline_ms`` still buys its
-    features, on the event loop; without inline plans it waits for the thread, gives up
-    and answers from the prior."""
+    features, on the event loop; a bigger one waits for the thread, gives up and runs a plan
+    of at most ``inline_ms`` there; without inline plans it answers from the prior."""
 
     def handler(inline_ms: float) -> PredictHandler:
         return PredictHandler(
@@ -225,6 +225,11 @@ def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bund
 
     inline = anyio.run(ask, handler(10.0), "inline")
     assert inline.cost.extracted and inline.timings_ms.queued == 0.0
+    # A plan too big for the loop waits for the thread; none comes in time: a plan of at
+    # most inline_ms on the loop still buys a cheap feature, not the prior.
+    small = anyio.run(ask, handler(0.5), "small")
+    assert small.timings_ms.queued > 0.0 and small.cost.extracted
+    assert small.cost.planned <= 0.5 + 1e-9, small.cost
     threaded = handler(0.0)
     waited = anyio.run(ask, threaded, "threaded")
     assert waited.cost.extracted == [] and waited.answered_by == "prior"
