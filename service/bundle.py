@@ -305,6 +305,61 @@ class GreedyStrategy(StrategySpec):
                     )
 
 
+class FixedPoint(_Strict):
+    """The best fixed sensor subset at one cost level (issue 25): a plain pipeline that
+    acquires every feature of ``model`` (cached and given ones free) and answers with it.
+    Tabular strategies carry these next to their adaptive points and choose between all of
+    them by validation accuracy, so a budget never buys less than the best fixed subset the
+    builder found for it."""
+
+    model: str = Field(description="id of a bundle model; its features are the subset")
+    accuracy: float = Field(
+        ge=0,
+        le=1,
+        description="accuracy on the validation rows (the rows every choice is made on; "
+        "the service chooses between points by it)",
+    )
+    learner: str = Field(default="", description="what the model is, for reading")
+
+
+class AdaptiveWithFixed(StrategySpec):
+    """What the tabular adaptive strategies (DAG, gating, CSTC/CSCC) share: the best fixed
+    sensor subsets (``fixed``) and the ``tolerance`` of the budget → point choice. Per request
+    the runtime lists every point (adaptive or fixed) whose cost fits the budget with the
+    validation accuracy it can deliver under it, and serves the most accurate, or, among
+    those within ``tolerance`` of it, the cheapest. A request may send its own tolerance."""
+
+    fixed: list[FixedPoint] = Field(
+        default_factory=list,
+        description="the best fixed sensor subset per cost level (validation Pareto set), "
+        "chosen between with the adaptive points by validation accuracy",
+    )
+    tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="points whose deliverable validation accuracy is within this much of the "
+        "best one the budget affords count as equal, and the cheapest is taken (0: the most "
+        "accurate; a request's 'tolerance' overrides it)",
+    )
+
+    @model_validator(mode="after")
+    def _unique_fixed(self) -> AdaptiveWithFixed:
+        models = [p.model for p in self.fixed]
+        if len(set(models)) != len(models):
+            raise ValueError(f"strategy {self.name!r}: a fixed point is listed twice in {models}")
+        return self
+
+    def fixed_models(self) -> set[str]:
+        return {p.model for p in self.fixed}
+
+    def fixed_summary(self) -> dict[str, Any]:
+        return {
+            "tolerance": self.tolerance,
+            "fixed": [p.model_dump() for p in self.fixed],
+        }
+
+
 class DagNode(_Strict):
     """An internal node of a state's filter tree. A child ``>= 0`` is another node's index,
     ``< 0`` the leaf action ``-child - 1`` (0: stop and classify, g + 1: acquire group g).
@@ -340,8 +395,8 @@ class DagPolicy(_Strict):
     """One operating point of the trade-off sweep (sensor cost multiplier)."""
 
     cost_scale: float = Field(ge=0)
-    mean_cost: float = Field(ge=0, description="average acquired cost on held-out data")
-    error: float = Field(ge=0, le=1, description="error rate on held-out data")
+    mean_cost: float = Field(ge=0, description="average acquired cost on the validation rows")
+    error: float = Field(ge=0, le=1, description="error rate on the validation rows")
     file: BundleFile = Field(
         description="ONNX model (relative to the bundle folder, inside it): input 'features' "
         "(1 x sum of the inputs' dims: the acquired "
@@ -350,7 +405,7 @@ class DagPolicy(_Strict):
     states: list[DagState] = Field(min_length=1)
 
 
-class DagStrategy(StrategySpec):
+class DagStrategy(AdaptiveWithFixed):
     """Adaptive sensor acquisition on a DAG of states (paper 000): per item, each state's
     policy decides from the values acquired so far to stop or to acquire a group next."""
 
@@ -414,10 +469,11 @@ class DagStrategy(StrategySpec):
                 }
                 for p in self.policies
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {s.model for p in self.policies for s in p.states}
+        return {s.model for p in self.policies for s in p.states} | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
@@ -433,7 +489,10 @@ class GatePoint(_Strict):
     the item goes on to f0 (``high_model``), whose missing features are computed only then."""
 
     id: str = Field(description="unique within the strategy, e.g. 'adapt-gbrt-p0.3-l0.01'")
-    method: str = Field(description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser")
+    method: str = Field(
+        description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser, confidence "
+        "(the gate is f1's top probability: below the point's level the item goes on)"
+    )
     p_full: float = Field(ge=0, le=1, description="the training bound on the fraction sent to f0")
     regularisation: float = Field(ge=0, description="the cost weight (gamma or lambda)")
     gate_file: BundleFile | None = Field(
@@ -448,17 +507,22 @@ class GatePoint(_Strict):
     threshold: float = Field(default=0.0, allow_inf_nan=False)
     low_model: str = Field(description="id of f1 among the bundle's models")
     high_model: str = Field(
-        description="id of f0 among the bundle's models: it reads every feature f1 reads, and "
-        "differs from f1 when there is a gate (both checked when the service loads the bundle)"
+        description="id of the high-cost model among the bundle's models (f0, or a fixed "
+        "subset's model): it differs from f1 when there is a gate (checked when the service "
+        "loads the bundle); the features it reads that g and f1 do not are computed only for "
+        "the items the gate sends on"
     )
-    mean_cost: float = Field(ge=0, description="average feature cost per item on held-out data")
+    mean_cost: float = Field(ge=0, description="average feature cost per validation row")
     fraction_full: float = Field(
         ge=0,
         le=1,
-        description="fraction of held-out items sent to f0; the service's expected cost of the "
-        "point at an item's size is c(g's and f1's features) + fraction_full x c(f0's others)",
+        description="fraction of validation rows sent to the high-cost model; the service's "
+        "expected cost of the point at an item's size is c(g's and f1's features) + "
+        "fraction_full x c(the high-cost model's others)",
     )
-    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the gated system")
+    accuracy: float = Field(
+        ge=0, le=1, description="validation accuracy of the gated system (chosen by)"
+    )
 
     @model_validator(mode="after")
     def _gate(self) -> GatePoint:
@@ -469,7 +533,7 @@ class GatePoint(_Strict):
         return self
 
 
-class GatingStrategy(StrategySpec):
+class GatingStrategy(AdaptiveWithFixed):
     """Adaptive gating between a low-cost and a high-cost model (paper 001: ADAPT-LIN,
     ADAPT-GBRT, the L1 baseline, GreedyMiser). ``points`` is the Pareto set of a (P_full,
     gamma/lambda) sweep; per request the runtime serves the point that delivers the most
@@ -478,14 +542,6 @@ class GatingStrategy(StrategySpec):
     kind: Literal["gating"] = "gating"
     name: str = "gating"
     points: list[GatePoint] = Field(min_length=1)
-    tolerance: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="points whose deliverable accuracy is within this much of the best "
-        "affordable one count as equal, and the one with the lowest expected cost is taken "
-        "(e.g. 0.01: within 1 % of the best, as the paper's cost reductions are quoted)",
-    )
 
     @model_validator(mode="after")
     def _unique(self) -> GatingStrategy:
@@ -515,10 +571,12 @@ class GatingStrategy(StrategySpec):
                 }
                 for p in self.points
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {m for p in self.points for m in (p.low_model, p.high_model)}
+        points = {m for p in self.points for m in (p.low_model, p.high_model)}
+        return points | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
@@ -539,8 +597,10 @@ class GatingStrategy(StrategySpec):
 
 class CstcNode(_Strict):
     """A node of a cost-sensitive tree or cascade (paper 003). It reads ``features`` (the
-    cost groups its weights use), answers with ``model`` (a bundle model over exactly those
-    features: its prediction is the node's classifier) and, when it has a child, routes:
+    cost groups its weights use), answers with ``model`` (a bundle model over features in hand
+    when the walk is at the node: its own and its ancestors'; the node's classifier, e.g. the
+    trained linear node over its own features, or boosted trees refit on every feature the
+    path bought) and, when it has a child, routes:
     score = Σ route_weights · (its features' values concatenated in ``features`` order) +
     route_bias, to ``upper`` when score > 0 and to ``lower`` otherwise. A child of None is a
     terminal element: the node's own model answers."""
@@ -560,8 +620,8 @@ class CstcPoint(_Strict):
     id: str
     method: str = Field(description="cstc | cscc | cronus | root-only")
     lam: float = Field(ge=0)
-    mean_cost: float = Field(ge=0, description="average cost per item on held-out rows")
-    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the hard walk")
+    mean_cost: float = Field(ge=0, description="average cost per validation row")
+    accuracy: float = Field(ge=0, le=1, description="validation accuracy of the hard walk")
     nodes: list[CstcNode] = Field(min_length=1)
     feature_rates: dict[str, float] | None = Field(
         default=None,
@@ -592,8 +652,17 @@ class CstcPoint(_Strict):
                 )
         return self
 
+    def ancestors_features(self) -> list[set[str]]:
+        """Per node, the features its ancestors read (in hand when the walk reaches it)."""
+        held: list[set[str]] = [set() for _ in self.nodes]
+        for index, node in enumerate(self.nodes):
+            for child in (node.upper, node.lower):
+                if child is not None:
+                    held[child] = held[index] | set(node.features)
+        return held
 
-class CstcStrategy(StrategySpec):
+
+class CstcStrategy(AdaptiveWithFixed):
     """Cost-sensitive trees and cascades of classifiers (paper 003). Per request the budget
     picks the most accurate point whose average cost fits (within ``tolerance``, the
     cheapest); the item walks its nodes, each acquiring only its missing features, with the
@@ -602,7 +671,6 @@ class CstcStrategy(StrategySpec):
     kind: Literal["cstc"] = "cstc"
     name: str = "cstc"
     points: list[CstcPoint] = Field(min_length=1)
-    tolerance: float = Field(default=0.0, ge=0, le=1)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -620,22 +688,29 @@ class CstcStrategy(StrategySpec):
                 }
                 for p in self.points
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {n.model for p in self.points for n in p.nodes}
+        return {n.model for p in self.points for n in p.nodes} | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
     ) -> None:
         for point in self.points:
+            held = point.ancestors_features()
             for index, node in enumerate(point.nodes):
                 where = f"strategy {self.name!r}, point {point.id!r}, node {index}"
                 unknown = [f for f in node.features if f not in dims]
                 if unknown:
                     raise ValueError(f"{where} reads undeclared extractors {unknown}")
-                if node.model in features_of and features_of[node.model] != set(node.features):
-                    raise ValueError(f"{where}: model {node.model!r} reads other features")
+                in_hand = set(node.features) | held[index]
+                if node.model in features_of and not features_of[node.model] <= in_hand:
+                    raise ValueError(
+                        f"{where}: model {node.model!r} reads "
+                        f"{sorted(features_of[node.model] - in_hand)}, which the walk has not "
+                        f"bought when it is at the node (it holds {sorted(in_hand)})"
+                    )
                 width = sum(dims[f] for f in node.features)
                 routes = node.upper is not None or node.lower is not None
                 if routes and len(node.route_weights) != width:

@@ -49,6 +49,7 @@ STAGES = {
     "_fit_bank_member": "fitting the classifier bank",
     "_fit_task": "fitting gating configurations",
     "_fit_digits": "fitting cost-sensitive trees",
+    "_fit_fixed_subset": "fitting fixed sensor subsets",
 }
 
 # Where a command's parallel training tasks run (docs/distributed-training.md): declare
