@@ -497,10 +497,11 @@ def gating(
 ) -> None:
     """Build a gating bundle (ADAPT-GBRT, ADAPT-LIN, L1 baseline, GreedyMiser; paper 001).
 
-    The spec names the label column, the features (`sensors`: a list of columns, or one
-    column per sensor), their costs in `unit`, and optionally `methods`, `f0`
-    (lightgbm | random-forest | rbf-svm), an explicit `grid` of {method, p_full,
-    regularisation} and the serving `tolerance`.
+    The spec names the label column, the features (`sensors`: a list of columns, or sensors
+    of one or more columns, each paid once), their costs in `unit`, and optionally `methods`,
+    `f0` (lightgbm | lightgbm-tuned | random-forest | rbf-svm), an explicit `grid` of
+    {method, p_full, regularisation}, `confidence` (f1's confidence as a gate), `fixed` (the
+    fixed-subset search, or false) and the serving `tolerance`.
     """
     from training.bundles.gating import GatingSpec, build_gating_bundle
 
@@ -520,8 +521,8 @@ def gating(
         "accuracy",
         "average cost",
         "sent to f0",
-        title=f"{spec.name}: gating points (chosen on validation rows; numbers on "
-        f"test rows, in {spec.unit})",
+        title=f"{spec.name}: gating points (chosen and measured on validation rows, in "
+        f"{spec.unit}; test rows: the provenance's sweep)",
     )
     for point in getattr(strategy, "points", []):
         table.add_row(

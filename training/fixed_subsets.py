@@ -60,7 +60,7 @@ class FixedSearch:
     learning_rate: float = 0.1
     max_trees: int = 300
     patience: int = 50
-    max_exhaustive: int = 8
+    max_exhaustive: int = 6
     proxy_trees: int = 60
 
     def check(self) -> None:
