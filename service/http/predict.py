@@ -91,6 +91,7 @@ async def predict(
             body.strategy,
             version=body.version,
             accounting=body.accounting,
+            tolerance=body.tolerance,
             received=received_at(request.scope),
         )
     metrics.child(metrics.requests, model=label, status="ok").inc()
