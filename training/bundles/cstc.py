@@ -6,10 +6,14 @@ Each sensor is a cost group (its columns are read together, at its declared cost
 bundle ships, and why: a node's *routing* (its weights on its sensors' values and its bias)
 is a manifest array, so the service computes the score with the same exactly rounded sum as
 the estimator and takes the same branch to the last bit, and the walk can be read and
-audited in the manifest; a node's *prediction* (softmax(κ·(xW + b)), the node's classifier)
-is an ONNX graph, one bundle model per node, so answers go through the same inference path
-as every other strategy (a node without features is a prior). Values are rounded to float32
-before training, as the sensor extractor serves them.
+audited in the manifest; a node's *prediction* is an ONNX graph, so answers go through the
+same inference path as every other strategy: with ``node_models: tuned`` (the default) the
+fixed-subset model of every sensor the walk has bought at the node (LightGBM or logistic
+regression tuned on validation rows, :mod:`training.fixed_subsets`; shared by every node with
+the same sensors in hand), with ``linear`` the node's own classifier softmax(κ·(xW + b)), one
+bundle model per node (a node without features is a prior). Beside the points the bundle
+carries the best fixed sensor subsets. Values are rounded to float32 before training, as the
+sensor extractor serves them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ from training.cstc.estimator import ExportNode, softmax
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
 from training.export.gating import linear_softmax_onnx
+from training.fixed_subsets import (
+    FixedSubsets,
+    SubsetFit,
+    WithFixedSubsets,
+    export_fixed,
+    fixed_summary,
+)
 
 METHODS = ("cstc", "cscc", "cronus", "root-only")
 
@@ -37,9 +48,18 @@ class CstcExportMismatch(RuntimeError):
     """An exported node disagrees with the fitted one."""
 
 
+#: What answers at a node: the trained linear node, or the node's path refit (``tuned``).
+NODE_MODELS = ("tuned", "linear")
+
+
 @dataclass
-class CstcSpec(TabularSpec):
-    """``budgetserve-train cstc`` reads this beside the CSV."""
+class CstcSpec(WithFixedSubsets, TabularSpec):
+    """``budgetserve-train cstc`` reads this beside the CSV. ``node_models: tuned`` (the
+    default) answers at each node with the fixed-subset model of every sensor the walk has
+    bought when it is there (the node's and its ancestors'; LightGBM or logistic regression,
+    chosen on the validation rows, :mod:`training.fixed_subsets`): the tree's routing and
+    costs are CSTC's, its answers non-linear; ``linear``: the trained linear node itself.
+    ``fixed``: the fixed-subset search (false: no fixed points, and linear nodes)."""
 
     methods: list[str] | None = None  # default: ["cstc", "root-only"]; cascade: ["cscc", ...]
     cascade: bool = False
@@ -51,6 +71,7 @@ class CstcSpec(TabularSpec):
     class_weight: str | None = None
     tolerance: float = 0.0
     pareto: bool = True
+    node_models: str = "tuned"
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
@@ -76,6 +97,14 @@ class CstcSpec(TabularSpec):
             raise ValueError(f"sharpness must be a number > 0, got {self.sharpness!r}")
         if self.class_weight not in (None, "balanced"):
             raise ValueError(f"class_weight must be null or 'balanced', got {self.class_weight!r}")
+        if self.node_models not in NODE_MODELS:
+            raise ValueError(
+                f"node_models must be one of {list(NODE_MODELS)}, got {self.node_models!r}"
+            )
+        if self.node_models == "tuned" and self.fixed_search() is None:
+            raise ValueError(
+                "node_models: tuned refits the nodes as fixed subsets: it needs `fixed`"
+            )
 
 
 @dataclass(frozen=True)
@@ -152,6 +181,8 @@ class CstcBuildResult:
     points: list[dict[str, Any]]
     estimators: dict[str, CSTCClassifier] = field(default_factory=dict)
     test_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]] | None = None
+    fixed: list[SubsetFit] = field(default_factory=list)  # the bundle's fixed points
+    node_fits: dict[str, list[SubsetFit]] = field(default_factory=dict)  # point -> per node
 
 
 def node_inputs(
@@ -167,6 +198,37 @@ def node_inputs(
     return cols, W[cols], r[cols]
 
 
+def held_sensors(est: CSTCClassifier, names: list[str]) -> list[tuple[str, ...]]:
+    """Per node of a fitted tree, the sensors in hand when the walk is there: its own and its
+    ancestors' (declaration order)."""
+    held: list[set[int]] = [set() for _ in est.export_nodes_]
+    for k, node in enumerate(est.export_nodes_):
+        held[k] |= set(node.groups)
+        for child in (node.upper, node.lower):
+            if child is not None:
+                held[child] |= held[k]
+    return [tuple(names[g] for g in sorted(h)) for h in held]
+
+
+def _answers(
+    est: CSTCClassifier,
+    X: npt.NDArray[np.float64],
+    node_fits: list[SubsetFit] | None,
+) -> tuple[npt.NDArray[Any], float]:
+    """Each row's prediction by the node its walk ends at (the node's refit model when
+    ``node_fits`` is given, else the linear node) and the average cost."""
+    walks = est.walk(X)
+    cost = float(np.mean([w.cost for w in walks])) if walks else 0.0
+    if node_fits is None:
+        return np.asarray(est.predict(X)), cost
+    ends = np.asarray([w.node for w in walks], dtype=np.int64)
+    pred = np.empty(len(X), dtype=np.int64)
+    for k in np.unique(ends):
+        rows = np.flatnonzero(ends == k)
+        pred[rows] = np.argmax(node_fits[int(k)].predict_proba(X[rows]), axis=1)
+    return np.asarray(est.classes_[pred]), cost
+
+
 def build_cstc_bundle(
     out_dir: Path,
     spec: CstcSpec,
@@ -177,11 +239,11 @@ def build_cstc_bundle(
     data_fingerprint: str | None = None,
     executor: Executor = INLINE,
 ) -> CstcBuildResult:
-    """Split, fit every (method, λ) on ``executor``, keep the validation Pareto set,
-    export, verify, write atomically. Points are chosen, and their accuracies and costs in
-    the manifest (which the service chooses between) measured, on validation rows; test
-    rows only check the export and are reported in the sweep (provenance), never used in a
-    choice."""
+    """Split, fit every (method, λ) on ``executor``, refit the nodes (``node_models:
+    tuned``), fit the fixed subsets, keep the validation Pareto set, export, verify, write
+    atomically. Points are chosen, and their accuracies and costs in the manifest (which the
+    service chooses between) measured, on validation rows; test rows only check the export
+    and are reported in the sweep (provenance), never used in a choice."""
     spec.check()
     positions = column_positions(spec, columns)
     sensor_names = list(spec.sensors)
@@ -198,17 +260,44 @@ def build_cstc_bundle(
     classes = np.unique(y_train)
     configs = [Config(m, float(lam)) for m in spec.chosen_methods() for lam in spec.lambdas]
     fitted = executor.map(_fit, configs, shared=(spec, groups, costs, x_train, y_train))
+    search = spec.fixed_search()
+    subsets = (
+        None
+        if search is None
+        else FixedSubsets(
+            x_train,
+            y_train,
+            x_val,
+            y_val,
+            dict(zip(sensor_names, groups, strict=True)),
+            sensor_costs,
+            search,
+            spec.seed,
+            executor,
+        )
+    )
+    fixed = [] if subsets is None else subsets.best()
+    node_fits: dict[str, list[SubsetFit] | None] = {}
+    if subsets is not None and spec.node_models == "tuned":
+        helds = [held_sensors(est, sensor_names) for est in fitted]
+        fits = subsets.fit(h for held in helds for h in held)
+        for config, held in zip(configs, helds, strict=True):
+            node_fits[config.id] = [fits[h] for h in held]
     rows: list[dict[str, Any]] = []
     for config, est in zip(configs, fitted, strict=True):
+        tuned = node_fits.get(config.id)
+        val_pred, val_cost = _answers(est, x_val, tuned)
+        test_pred, test_cost = _answers(est, x_test, tuned)
         rows.append(
             {
                 "id": config.id,
                 "method": config.method,
                 "lam": config.lam,
-                "validation_accuracy": float(np.mean(est.predict(x_val) == y_val)),
-                "validation_cost": est.average_cost(x_val),
-                "test_accuracy": float(np.mean(est.predict(x_test) == y_test)),
-                "test_cost": est.average_cost(x_test),
+                "validation_accuracy": float(np.mean(val_pred == y_val)),
+                "validation_cost": val_cost,
+                "test_accuracy": float(np.mean(test_pred == y_test)),
+                "test_cost": test_cost,
+                "linear_validation_accuracy": float(np.mean(est.predict(x_val) == y_val)),
                 "nodes": len(est.nodes_),
             }
         )
@@ -225,11 +314,28 @@ def build_cstc_bundle(
                 input_dims=0,
             )
         ]
+        fixed_models, fixed_points = export_fixed(tmp, fixed, x_test)
+        models += fixed_models
+        have = {m.id for m in models}
+        node_only = {
+            f.model_id: f
+            for row in kept
+            for f in node_fits.get(row["id"]) or []
+            if f.estimator is not None and f.model_id not in have
+        }
+        models += export_fixed(tmp, list(node_only.values()), x_test)[0]
         points = []
         for row in kept:
             est = by_id[row["id"]]
             node_models, nodes = export_point(
-                tmp, row["id"], est, groups, sensor_names, (x_val, y_val), x_test
+                tmp,
+                row["id"],
+                est,
+                groups,
+                sensor_names,
+                (x_val, y_val),
+                x_test,
+                node_fits.get(row["id"]),
             )
             models += node_models
             points.append(
@@ -251,7 +357,11 @@ def build_cstc_bundle(
             item=spec.item(),
             extractors=spec.extractors(),
             models=models,
-            strategies=[CstcStrategy(name="cstc", points=points, tolerance=spec.tolerance)],
+            strategies=[
+                CstcStrategy(
+                    name="cstc", points=points, tolerance=spec.tolerance, fixed=fixed_points
+                )
+            ],
             default_strategy="cstc",
             provenance=provenance(
                 data_fingerprint or fingerprint(x, y),
@@ -265,7 +375,10 @@ def build_cstc_bundle(
                     "sharpness": spec.sharpness,
                     "rho": spec.rho,
                     "seed": spec.seed,
+                    "node_models": spec.node_models if subsets is not None else "linear",
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
+                    "fixed_search": None if search is None else vars(search),
+                    "fixed_points": fixed_summary(fixed),
                     "sweep": rows,
                 },
             ),
@@ -277,6 +390,8 @@ def build_cstc_bundle(
         rows,
         {r["id"]: by_id[r["id"]] for r in kept},
         (x_test, y_test),
+        fixed,
+        {r["id"]: nf for r in kept if (nf := node_fits.get(r["id"])) is not None},
     )
 
 
@@ -288,20 +403,29 @@ def export_point(
     sensor_names: list[str],
     accuracy_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]],
     check_rows: npt.NDArray[np.float64],
+    node_fits: list[SubsetFit] | None = None,
 ) -> tuple[list[ModelSpec], list[CstcNode]]:
-    """One fitted tree's nodes: each node's classifier exported (ONNX, checked against the
-    fitted node on ``check_rows``; its accuracy alone measured on ``accuracy_rows``, the
-    validation rows: the service chooses by it) and its routing as manifest arrays."""
+    """One fitted tree's nodes: each node's classifier (the linear node, exported as ONNX,
+    checked against the fitted node on ``check_rows``, its accuracy alone measured on
+    ``accuracy_rows``, the validation rows: the service chooses by it; or, with
+    ``node_fits``, the node's refit model, exported once by the caller: its id) and its
+    routing as manifest arrays."""
     models: list[ModelSpec] = []
     nodes: list[CstcNode] = []
     for k, node in enumerate(est.export_nodes_):
-        model = _export_node(folder, f"{point_id}.n{k}", est, node, groups, sensor_names)
-        model = _with_accuracy(model, est, node, groups, *accuracy_rows)
-        models.append(model)
         cols, _, route = node_inputs(node, groups, est.n_features_in_)
+        if node_fits is not None:
+            fit = node_fits[k]
+            model_id = fit.model_id if fit.estimator is not None else "prior"
+        else:
+            model = _export_node(folder, f"{point_id}.n{k}", est, node, groups, sensor_names)
+            model = _with_accuracy(model, est, node, groups, *accuracy_rows)
+            models.append(model)
+            _verify(folder, model, est, node, cols, check_rows)
+            model_id = model.id
         nodes.append(
             CstcNode(
-                model=model.id,
+                model=model_id,
                 features=[sensor_names[g] for g in node.groups],
                 route_weights=[float(v) for v in route] if node.routes else [],
                 route_bias=float(node.route_b),
@@ -309,7 +433,6 @@ def export_point(
                 lower=node.lower,
             )
         )
-        _verify(folder, model, est, node, cols, check_rows)
     return models, nodes
 
 
