@@ -17,7 +17,7 @@ accuracy (:class:`service.bundle.FixedPoint`, :mod:`service.strategies.fixed`).
   The most accurate on validation is kept (ties: the earlier learner listed). Models are
   fitted on class indices (``np.unique`` order of y).
 * **Kept**: the validation Pareto set (cost up, validation accuracy strictly up), exported to
-  ONNX and checked (:func:`export_fixed`).
+  ONNX and checked by :func:`training.export.fixed.export_fixed`.
 
 Fits are cached in this process by the digest of their rows, columns and settings, so the
 DAG's classifier bank and the fixed points of one build (or the three builders of a benchmark
@@ -31,7 +31,6 @@ import itertools
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
@@ -39,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 
-from service.bundle import FixedPoint, ModelSpec, model_id_for
+from service.bundle import model_id_for
 from service.types import FloatArray
 from training.dag.learners import LEARNERS, Float32Lgbm, make_classifier
 from training.executor import INLINE, Executor
@@ -394,58 +393,6 @@ class FixedSubsets:
         """The validation Pareto set of the candidates (and ``extra`` subsets)."""
         fits = self.fit([*self.candidates(), *extra])
         return self.pareto(fits.values())
-
-
-# --------------------------------------------------------------------------------------------
-# export
-# --------------------------------------------------------------------------------------------
-
-
-def _file(model_id: str) -> str:
-    return model_id.replace(":", "_").replace("+", "__") + ".onnx"
-
-
-def export_fixed(
-    folder: Path, fits: Sequence[SubsetFit], x_check: FloatArray, prior: str = "prior"
-) -> tuple[list[ModelSpec], list[FixedPoint]]:
-    """The fits as bundle models (ONNX over their sensors' columns, checked against the
-    fitted model on ``x_check``) and the strategy's fixed points, with their validation
-    accuracies. The empty subset is the bundle's own prior model, ``prior``."""
-    from training.export.dag import lgbm_classifier_onnx
-    from training.export.sklearn import export_classifier, verify_export
-
-    models: list[ModelSpec] = []
-    points: list[FixedPoint] = []
-    for fit in fits:
-        if fit.estimator is None:
-            points.append(FixedPoint(model=prior, accuracy=fit.val_accuracy, learner="prior"))
-            continue
-        width = len(fit.columns)
-        if isinstance(fit.estimator, Float32Lgbm):
-            onnx_bytes = lgbm_classifier_onnx(fit.estimator, width)
-        else:
-            onnx_bytes = export_classifier(fit.estimator, width)
-        verify_export(
-            onnx_bytes,
-            fit.estimator,
-            np.asarray(x_check, dtype=np.float64)[:, fit.columns].astype(np.float32),
-            model_id=fit.model_id,
-        )
-        file = _file(fit.model_id)
-        (folder / file).write_bytes(onnx_bytes)
-        models.append(
-            ModelSpec(
-                id=fit.model_id,
-                features=list(fit.sensors),
-                accuracy=fit.val_accuracy,
-                file=file,
-                input_dims=width,
-            )
-        )
-        points.append(
-            FixedPoint(model=fit.model_id, accuracy=fit.val_accuracy, learner=fit.learner)
-        )
-    return models, points
 
 
 def fixed_summary(fits: Sequence[SubsetFit]) -> list[dict[str, Any]]:

@@ -35,11 +35,11 @@ from training.data.tabular import (
 )
 from training.executor import INLINE, Executor
 from training.export.dag import DagExportMismatch, export_bank, export_policy, verify_policy
+from training.export.fixed import export_fixed
 from training.fixed_subsets import (
     FixedSubsets,
     SubsetFit,
     WithFixedSubsets,
-    export_fixed,
     fixed_summary,
 )
 

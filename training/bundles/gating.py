@@ -34,6 +34,7 @@ from service.bundle import (
 from training.bundles.writer import bundle_version, provenance, staging
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
+from training.export.fixed import export_fixed
 from training.export.gating import (
     ExportedModel,
     export_f0,
@@ -46,7 +47,6 @@ from training.fixed_subsets import (
     FixedSubsets,
     SubsetFit,
     WithFixedSubsets,
-    export_fixed,
     fixed_summary,
 )
 from training.gating import AdaptGbrt, FittedF0, default_gbrt_f0, tune_gbrt_f0
