@@ -41,7 +41,9 @@ def main() -> None:
         ("anytime (synthetic)", lambda: anytime.main()),
         ("calibration", lambda: calibration.main()),
         ("dag", lambda: dag.main()),
+        ("dag served", lambda: dag.served_main()),
         ("gating", lambda: gating.main()),
+        ("gating served", lambda: gating.served_main()),
         # the documented run (docs/benchmarks/ocr.md, README): training subsampled to fit
         (
             "ocr (structured)",
@@ -50,6 +52,7 @@ def main() -> None:
             ),
         ),
         ("cstc", lambda: cstc.main([])),
+        ("cstc served", lambda: cstc.served_main()),
         ("cstc (digits)", lambda: cstc_digits.main([])),
         ("cstc side by side (MiniBooNE)", lambda: cstc_side_by_side.main([])),
         ("parsing", lambda: parsing.main([])),

@@ -70,6 +70,7 @@ class DagSpec(WithFixedSubsets, TabularSpec):
     policy_inputs: str = "features"
     n_subsets: int | None = None
     bank: str = "tuned"
+    folds: int = 5
 
     def check(self) -> None:
         super().check()
@@ -149,6 +150,7 @@ def build_dag_bundle(
         policy_learner=spec.policy_learner,
         policy_inputs=spec.policy_inputs,
         bank=subsets if spec.bank == "tuned" else None,
+        folds=spec.folds,
     )
     base = fits[0][1]
     fixed = [] if subsets is None else subsets.best([base.state_sensors(s) for s in base.states_])
@@ -224,6 +226,7 @@ def build_dag_bundle(
                     "policy_inputs": spec.policy_inputs,
                     "n_subsets": spec.n_subsets,
                     "bank": spec.bank,
+                    "folds": spec.folds,
                     "fixed_search": None if search is None else vars(search),
                     "fixed_points": fixed_summary(fixed),
                     "seed": spec.seed,

@@ -91,6 +91,7 @@ class GatingSpec(WithFixedSubsets, TabularSpec):
     tolerance: float = 0.0  # served: the most accurate on validation (a request may differ)
     standardize: bool = True  # ADAPT-LIN's group penalty on standardised weights
     confidence: bool = True
+    gbrt: dict[str, Any] | None = None  # ADAPT-GBRT / GreedyMiser settings, e.g. n_rounds
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
@@ -126,6 +127,14 @@ class GatingSpec(WithFixedSubsets, TabularSpec):
         if self.f0 not in F0_KINDS:
             raise ValueError(f"f0 must be one of {list(F0_KINDS)}, got {self.f0!r}")
         self.configs()  # validates methods and grid
+        allowed = {"n_rounds", "trees_per_round", "num_leaves", "learning_rate", "f1_cv"}
+        if self.gbrt is not None and (
+            not isinstance(self.gbrt, dict) or not set(self.gbrt) <= allowed
+        ):
+            raise ValueError(
+                f"gbrt must be a mapping of {sorted(allowed)} (ADAPT-GBRT and GreedyMiser "
+                f"settings), got {self.gbrt!r}"
+            )
         self.fixed_search()  # validates the fixed-subset search
 
     def configs(self) -> list[Config]:
@@ -215,7 +224,10 @@ def build_gating_bundle(
         X_test=x_test,
         y_test=y_test,
         standardize=spec.standardize,
-        gbrt_params={"feature_groups": groups} if spec.grouped else None,
+        gbrt_params={
+            **(spec.gbrt or {}),
+            **({"feature_groups": groups} if spec.grouped else {}),
+        },
         random_state=spec.seed,
         executor=executor,
     )
