@@ -445,7 +445,21 @@ def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
         runs,
         skipped,
         out,
+        _balanced_lines,
     )
+
+
+def _balanced_lines(res: Any) -> list[str]:
+    """Letter 'A': the balanced accuracy at each budget (the offline benchmark's metric)."""
+    from benchmarks.served import balanced
+
+    if res.task.key != "letter-a":
+        return []
+    cells = ", ".join(
+        f"{b:g}: {100 * balanced(res.right[b], res.labels):.2f} % at {res.spent[b].mean():.2f}"
+        for b in res.task.budgets
+    )
+    return [f"Balanced accuracy (budget: served, average spent): {cells}.", ""]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -82,6 +82,7 @@ class Served:
     fixed_cost: dict[float, FloatArray] = field(default_factory=dict)
     fixed_subset: dict[float, Counter[str]] = field(default_factory=dict)
     f1_right: dict[float, BoolArray] = field(default_factory=dict)  # gating: f1 alone
+    labels: npt.NDArray[Any] = field(default_factory=lambda: np.zeros(0))  # pooled test labels
     references: dict[str, BoolArray] = field(default_factory=dict)
     build_seconds: float = 0.0
     serve_seconds: float = 0.0
@@ -234,6 +235,7 @@ def run_method(
     store = redis.Redis.from_url(redis_url)
     parts: dict[float, dict[str, list[Any]]] = {b: {} for b in task.budgets}
     references: dict[str, list[BoolArray]] = {}
+    labels: list[npt.NDArray[Any]] = []
     for seed in task.seeds:
         name = f"{task.key}-{method}-{seed}".lower().replace(" ", "-")
         spec = make_spec(name, seed)
@@ -253,6 +255,7 @@ def run_method(
             pipe.hset(prefix + str(i), mapping=values)  # type: ignore[arg-type]
         pipe.execute()
         classes = np.unique(y_tr)
+        labels.append(np.asarray([str(v) for v in y_te]))
         for ref, right in _references(x_tr, y_tr, x_te, y_te, seed).items():
             references.setdefault(ref, []).append(right)
         t1 = time.perf_counter()
@@ -295,7 +298,13 @@ def run_method(
         if f1 and all(r is not None for r in f1):  # the same routing point on every seed
             out.f1_right[budget] = np.concatenate(f1)
     out.references = {k: np.concatenate(v) for k, v in references.items()}
+    out.labels = np.concatenate(labels)
     return out
+
+
+def balanced(right: BoolArray, labels: npt.NDArray[Any]) -> float:
+    """Balanced accuracy: the mean over classes of the share of that class's rows right."""
+    return float(np.mean([right[labels == c].mean() for c in np.unique(labels)]))
 
 
 def _drop_fixed(bundle: Path) -> None:

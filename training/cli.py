@@ -400,6 +400,32 @@ def _build_tabular(
     return spec, result, target
 
 
+def _print_fixed(manifest: Any, unit: str) -> None:
+    """The best fixed sensor subsets a tabular bundle carries beside its adaptive points."""
+    strategy = manifest.strategy()
+    fixed = getattr(strategy, "fixed", [])
+    if not fixed:
+        return
+    cost = {e.name: e.cost(1) for e in manifest.extractors}
+    table = Table(
+        "fixed subset",
+        "cost",
+        "val accuracy",
+        "model",
+        title=f"{manifest.name}: best fixed sensor subsets (costs in {unit}; chosen between "
+        "with the points above by validation accuracy)",
+    )
+    for point in fixed:
+        features = manifest.model(point.model).features
+        table.add_row(
+            "+".join(features) or "(none: the prior)",
+            f"{sum(cost[f] for f in features):g}",
+            f"{point.accuracy:.3f}",
+            point.learner,
+        )
+    console.print(table)
+
+
 @app.command()
 def dag(
     csv_path: CsvOption,
@@ -444,6 +470,7 @@ def dag(
             f"{p['test_error']:.3f}",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
@@ -520,7 +547,8 @@ def gating(
         "operating point",
         "accuracy",
         "average cost",
-        "sent to f0",
+        "sent on",
+        "to",
         title=f"{spec.name}: gating points (chosen and measured on validation rows, in "
         f"{spec.unit}; test rows: the provenance's sweep)",
     )
@@ -530,8 +558,10 @@ def gating(
             f"{point.accuracy:.3f}",
             f"{point.mean_cost:.2f}",
             f"{point.fraction_full:.0%}",
+            point.high_model if point.gate_file else "",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
@@ -600,6 +630,7 @@ def cstc(
             "yes" if p["id"] in kept else "",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
