@@ -1090,7 +1090,6 @@ def dag_spec(task: Any) -> Any:
             refine_scales=8,
             learner="linear" if task.key == "pima" else "gbrt",
             policy_learner="linear",
-            policy_inputs="features+confidence",
             n_subsets=7 if task.key == "miniboone" else None,
             folds=3,
             fixed=FIXED_26 if task.key == "letter" else None,

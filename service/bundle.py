@@ -611,6 +611,14 @@ class CstcNode(_Strict):
     route_bias: float = Field(default=0.0, allow_inf_nan=False)
     upper: int | None = None
     lower: int | None = None
+    exit_confidence: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="a confidence exit (cascades): the node answers when its model's top "
+        "class probability is at least this, else the walk goes on to its one child; its "
+        "routing weights are then not used",
+    )
 
 
 class CstcPoint(_Strict):
@@ -640,7 +648,12 @@ class CstcPoint(_Strict):
                         f"must come after its parent and be one of the {len(self.nodes)} nodes"
                     )
             routes = node.upper is not None or node.lower is not None
-            if routes and not node.route_weights and node.features:
+            if node.exit_confidence is not None and (node.upper is None) == (node.lower is None):
+                raise ValueError(
+                    f"cstc point {self.id!r}: node {index} has a confidence exit, so exactly "
+                    "one child (where the walk goes on when the model is not confident)"
+                )
+            if routes and not node.route_weights and node.features and node.exit_confidence is None:
                 raise ValueError(f"cstc point {self.id!r}: node {index} routes without weights")
         if self.feature_rates is not None:
             read = {f for node in self.nodes for f in node.features}
@@ -713,7 +726,7 @@ class CstcStrategy(AdaptiveWithFixed):
                     )
                 width = sum(dims[f] for f in node.features)
                 routes = node.upper is not None or node.lower is not None
-                if routes and len(node.route_weights) != width:
+                if routes and node.exit_confidence is None and len(node.route_weights) != width:
                     raise ValueError(
                         f"{where}: {len(node.route_weights)} route weights for {width} inputs"
                     )

@@ -10,7 +10,10 @@ root: at each node the runtime acquires the node's features that are not yet in 
 (cached and given ones are free), computes the node's routing score from the manifest's
 weights (an exactly rounded sum, so the walk is the trained model's to the last bit) and
 goes to the upper child when it is > 0, to the lower one otherwise; a node without that
-child (a terminal element, a cascade's early exit, a leaf) answers with its own model.
+child (a terminal element, a cascade's early exit, a leaf) answers with its own model. A node
+with a confidence exit (``exit_confidence``) answers when its model's top class probability
+reaches that level and otherwise goes on to its one child (the decision's ``scores`` then hold
+those probabilities).
 
 The budget is a hard cap, re-checked before every node: when the next node's missing
 features do not fit in what is left, the walk stops and the node reached last (its
@@ -23,6 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from service.bundle import CstcNode, CstcPoint, CstcStrategy, FixedPoint
 from service.errors import BundleError
@@ -93,6 +98,16 @@ class CstcSession(Session):
             self.pending = None
             if node.upper is None and node.lower is None:
                 return Answer(node.model)
+            if node.exit_confidence is not None:
+                # A confidence exit: the node's own model decides whether it answers.
+                top = float(np.max(self.runtime.predict(Answer(node.model), in_hand)))
+                self.scores.append(top)
+                if top >= node.exit_confidence:
+                    return Answer(node.model)
+                nxt = node.upper if node.upper is not None else node.lower
+                assert nxt is not None  # one child: checked when the manifest is read
+                self.current = nxt
+                continue
             score = route_score(node, in_hand)
             self.scores.append(score)
             child = node.upper if score > 0 else node.lower

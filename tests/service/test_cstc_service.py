@@ -14,9 +14,9 @@ from service.bundle import CstcStrategy
 from service.cache import InProcessCache
 from service.http import create_app
 from service.settings import Settings
-from tests.support.cstc_bundle import COLUMNS, SENSORS, build
+from tests.support.cstc_bundle import COLUMNS, COSTS, SENSORS, build
 from tests.support.sensor_store import SensorStore, StoreClient
-from training.bundles.cstc import CstcBuildResult
+from training.bundles.cstc import CstcBuildResult, cascade_order, exit_answers
 
 pytestmark = pytest.mark.redis
 
@@ -230,6 +230,7 @@ def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
     assert tuned.test_rows is not None
     X_test, _ = tuned.test_rows
     classes = np.asarray(manifest.classes)
+    exits = 0
     with StoreClient(create_app(settings, cache=InProcessCache(1 << 20))) as client:
         for point in spec.points:
             est, fits = tuned.estimators[point.id], tuned.node_fits[point.id]
@@ -241,11 +242,21 @@ def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
                     "budget": 1000.0,
                 }
                 answer = client.post("/predict", json=body).json()
-                walk = est.walk(row.reshape(1, -1))[0]
-                assert answer["decision"]["nodes"] == walk.path
-                want = classes[np.argmax(fits[walk.node].predict_proba(row.reshape(1, -1))[0])]
+                level = point.nodes[0].exit_confidence
+                if level is None:
+                    walk = est.walk(row.reshape(1, -1))[0]
+                    path, end = walk.path, walk.node
+                else:  # a cascade with confidence exits: it leaves where its model is sure
+                    exits += 1
+                    costs = [COSTS[s] for s in SENSORS]
+                    end = int(exit_answers(est, fits, level, row.reshape(1, -1), costs)[2][0])
+                    order = cascade_order(est)
+                    path = order[: order.index(end) + 1]
+                assert answer["decision"]["nodes"] == path, (point.id, i)
+                want = classes[np.argmax(fits[end].predict_proba(row.reshape(1, -1))[0])]
                 assert answer["prediction"] == want, (point.id, i)
         body = {"model": "tuned", "item": store.item(X_test[0], "best"), "budget": 1000.0}
         served = client.post("/predict", json=body).json()["decision"]["point"]
     options = {p.id: p.accuracy for p in spec.points} | {f.model: f.accuracy for f in spec.fixed}
     assert options[served] == max(options.values())
+    assert exits, "a cascade with confidence exits is among the points served"

@@ -18,6 +18,7 @@ sensor extractor serves them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class CstcSpec(WithFixedSubsets, TabularSpec):
     tolerance: float = 0.0
     pareto: bool = True
     node_models: str = "tuned"
+    exit_levels: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95, 0.99])
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
@@ -96,6 +98,13 @@ class CstcSpec(WithFixedSubsets, TabularSpec):
         if self.node_models not in NODE_MODELS:
             raise ValueError(
                 f"node_models must be one of {list(NODE_MODELS)}, got {self.node_models!r}"
+            )
+        if not isinstance(self.exit_levels, list) or any(
+            isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1
+            for v in self.exit_levels
+        ):
+            raise ValueError(
+                f"exit_levels must be a list of numbers in (0, 1], got {self.exit_levels!r}"
             )
         if self.node_models == "tuned" and self.fixed_search() is None:
             raise ValueError(
@@ -212,6 +221,52 @@ def _answers(
     return np.asarray(est.classes_[pred]), cost
 
 
+def cascade_order(est: CSTCClassifier) -> list[int]:
+    """A cascade's nodes from the root, each followed by its one child (empty for a node
+    that has two: a tree)."""
+    order, k = [0], 0
+    while True:
+        node = est.export_nodes_[k]
+        children = [c for c in (node.upper, node.lower) if c is not None]
+        if not children:
+            return order
+        if len(children) > 1:
+            return []
+        k = children[0]
+        order.append(k)
+
+
+def exit_answers(
+    est: CSTCClassifier,
+    node_fits: list[SubsetFit],
+    level: float,
+    X: npt.NDArray[np.float64],
+    group_costs: list[float],
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """A cascade with confidence exits (``exit_confidence``): each row walks its stages and
+    leaves at the first whose node model's top class probability reaches ``level`` (or at
+    the last). Predictions, each row's cost (the sensors bought up to there) and the node it
+    left at."""
+    order = cascade_order(est)
+    n = len(X)
+    left = np.full(n, -1, dtype=np.int64)
+    pred = np.zeros(n, dtype=np.int64)
+    held: set[int] = set()
+    cost = np.zeros(n)
+    for position, k in enumerate(order):
+        held |= set(est.export_nodes_[k].groups)
+        open_rows = np.flatnonzero(left < 0)
+        if open_rows.size == 0:
+            break
+        proba = node_fits[k].predict_proba(X[open_rows])
+        leave = (np.max(proba, axis=1) >= level) | (position == len(order) - 1)
+        rows = open_rows[leave]
+        left[rows] = k
+        pred[rows] = np.argmax(proba[leave], axis=1)
+        cost[rows] = sum(group_costs[g] for g in held)
+    return np.asarray(est.classes_[pred]), cost, left
+
+
 def build_cstc_bundle(
     out_dir: Path,
     spec: CstcSpec,
@@ -284,8 +339,35 @@ def build_cstc_bundle(
                 "nodes": len(est.nodes_),
             }
         )
+    exits: dict[str, tuple[str, float]] = {}  # point id -> (cascade id, level)
+    for config, est in zip(configs, fitted, strict=True):
+        tuned = node_fits.get(config.id)
+        if config.method != "cscc" or tuned is None or not cascade_order(est):
+            continue
+        for level in spec.exit_levels:
+            point_id = f"{config.id}-exit{level:g}"
+            exits[point_id] = (config.id, float(level))
+            val_pred, val_costs, _ = exit_answers(est, tuned, level, x_val, costs)
+            test_pred, test_costs, _ = exit_answers(est, tuned, level, x_test, costs)
+            rows.append(
+                {
+                    "id": point_id,
+                    "method": "cscc-exit",
+                    "lam": config.lam,
+                    "validation_accuracy": float(np.mean(val_pred == y_val)),
+                    "validation_cost": float(val_costs.mean()),
+                    "test_accuracy": float(np.mean(test_pred == y_test)),
+                    "test_cost": float(test_costs.mean()),
+                    "linear_validation_accuracy": math.nan,
+                    "nodes": len(est.nodes_),
+                }
+            )
     kept = pareto_points(rows) if spec.pareto else rows
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
+    for point_id, (base, _) in exits.items():
+        by_id[point_id] = by_id[base]
+        if base in node_fits:
+            node_fits[point_id] = node_fits[base]
     prior = np.asarray([np.mean(y_train == c) for c in classes])
     with staging(out_dir) as tmp:
         models = [
@@ -321,6 +403,14 @@ def build_cstc_bundle(
                 node_fits.get(row["id"]),
             )
             models += node_models
+            if row["id"] in exits:
+                level = exits[row["id"]][1]
+                nodes = [
+                    n.model_copy(update={"exit_confidence": level})
+                    if (n.upper is None) != (n.lower is None)
+                    else n
+                    for n in nodes
+                ]
             points.append(
                 CstcPoint(
                     id=row["id"],
