@@ -571,7 +571,7 @@ def main(out: Path = OUT, datasets: Sequence[str] = DATASETS) -> Path:
 # served: the gating bundle against the best fixed subset (issue 25)
 # --------------------------------------------------------------------------------------------
 
-SERVED_TASKS = ("letter-binary", "miniboone", "letter", "pima")
+SERVED_TASKS = ("letter-binary", "letter-binary-16", "miniboone", "letter", "pima")
 #: The sweep of the served bundles, cut to fit the shared machine: ADAPT-GBRT and
 #: GreedyMiser (the methods that take grouped sensors), 15 or 20 rounds of 10 trees.
 SERVED_GRID = [
@@ -677,7 +677,7 @@ if __name__ == "__main__":  # pragma: no cover
         "--served",
         action="store_true",
         help="the gating bundle served against the best fixed subset (gating_served.md); "
-        "--datasets picks tasks (letter-binary,miniboone,letter,pima)",
+        "--datasets picks tasks (letter-binary,letter-binary-16,miniboone,letter,pima)",
     )
     args = parser.parse_args()
     if args.served:

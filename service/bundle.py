@@ -13,6 +13,7 @@ from it; spread over several files, the one contract would have no single place 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from abc import abstractmethod
@@ -322,6 +323,21 @@ class FixedPoint(_Strict):
     learner: str = Field(default="", description="what the model is, for reading")
 
 
+class CappedNumbers(_Strict):
+    """A point's validation numbers when every walk is stopped at ``cap`` (the budget is a
+    per-item hard cap: a walk that would pay more answers where it is). A point lists them
+    at every cap where they change, the last at its longest walk's cost (its own numbers)."""
+
+    cap: float = Field(ge=0)
+    accuracy: float = Field(ge=0, le=1)
+    mean_cost: float = Field(ge=0)
+
+
+def check_caps(caps: Sequence[CappedNumbers], what: str) -> None:
+    if any(a.cap >= b.cap for a, b in itertools.pairwise(caps)):
+        raise ValueError(f"{what}: the caps of `capped` must be strictly increasing")
+
+
 class AdaptiveWithFixed(StrategySpec):
     """What the tabular adaptive strategies (DAG, gating, CSTC/CSCC) share: the best fixed
     sensor subsets (``fixed``) and the ``tolerance`` of the budget → point choice. Per request
@@ -403,6 +419,16 @@ class DagPolicy(_Strict):
         "extractors' values in `inputs` order, zeros elsewhere) -> output 'logits' (1 x nodes)"
     )
     states: list[DagState] = Field(min_length=1)
+    capped: list[CappedNumbers] = Field(
+        default_factory=list,
+        description="validation numbers with every walk stopped at each cap (empty: the "
+        "point is an option only where its mean_cost fits, at 1 - error)",
+    )
+
+    @model_validator(mode="after")
+    def _caps(self) -> DagPolicy:
+        check_caps(self.capped, f"DAG policy {self.file!r}")
+        return self
 
 
 class DagStrategy(AdaptiveWithFixed):
@@ -637,9 +663,15 @@ class CstcPoint(_Strict):
         "given (bundles whose costs depend on the item's size, e.g. images), the point's "
         "average cost at size n is Σ rate_f · c_f(n) instead of ``mean_cost``",
     )
+    capped: list[CappedNumbers] = Field(
+        default_factory=list,
+        description="validation numbers with every walk stopped at each cap (declared "
+        "costs; empty: the point is an option only where its mean_cost and root fit)",
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> CstcPoint:
+        check_caps(self.capped, f"cstc point {self.id!r}")
         for index, node in enumerate(self.nodes):
             for child in (node.upper, node.lower):
                 if child is not None and not index < child < len(self.nodes):

@@ -301,33 +301,41 @@ class FixedSubsets:
     def cost(self, subset: Sequence[str]) -> float:
         return float(sum(float(self.costs[s]) for s in subset))
 
-    def _key(self, columns: list[int]) -> str:
+    def _key(self, columns: list[int], search: FixedSearch) -> str:
         return _digest(
             self.X[:, columns],
             self.y_idx,
             self.X_val[:, columns],
             self.y_val_idx,
-            self.search,
+            search,
             self.seed,
         )
+
+    def _fit_cached(
+        self, columns: list[list[int]], search: FixedSearch
+    ) -> list[tuple[Any, str, float]]:
+        """:func:`fit_subset` of each column list with ``search`` (on the executor; fits of
+        the same rows, columns and settings are reused)."""
+        keys = [self._key(c, search) for c in columns]
+        todo = [i for i, k in enumerate(keys) if k not in _CACHE]
+        if todo:
+            fitted = self.executor.map(
+                _fit_fixed_subset,
+                [columns[i] for i in todo],
+                shared=(self.X, self.y_idx, self.X_val, self.y_val_idx, search, self.seed),
+            )
+            for i, result in zip(todo, fitted, strict=True):
+                if len(_CACHE) >= _CACHE_MAX:
+                    _CACHE.pop(next(iter(_CACHE)))
+                _CACHE[keys[i]] = result
+        return [_CACHE[k] for k in keys]
 
     def fit(self, subsets: Iterable[Iterable[str]]) -> dict[tuple[str, ...], SubsetFit]:
         """Each subset fitted alone (on the executor; cached fits are reused)."""
         wanted = list(dict.fromkeys(self.ordered(s) for s in subsets))
-        todo = [s for s in wanted if self._key(self.columns(s)) not in _CACHE]
-        if todo:
-            fitted = self.executor.map(
-                _fit_fixed_subset,
-                [self.columns(s) for s in todo],
-                shared=(self.X, self.y_idx, self.X_val, self.y_val_idx, self.search, self.seed),
-            )
-            for subset, result in zip(todo, fitted, strict=True):
-                if len(_CACHE) >= _CACHE_MAX:
-                    _CACHE.pop(next(iter(_CACHE)))
-                _CACHE[self._key(self.columns(subset))] = result
+        results = self._fit_cached([self.columns(s) for s in wanted], self.search)
         out: dict[tuple[str, ...], SubsetFit] = {}
-        for subset in wanted:
-            est, what, accuracy = _CACHE[self._key(self.columns(subset))]
+        for subset, (est, what, accuracy) in zip(wanted, results, strict=True):
             out[subset] = SubsetFit(
                 subset, self.columns(subset), self.cost(subset), est, what, accuracy, self.prior
             )
@@ -361,11 +369,7 @@ class FixedSubsets:
         while len(current) < len(self.names):
             rest = [s for s in self.names if s not in current]
             trials = [self.ordered((*current, s)) for s in rest]
-            scores = self.executor.map(
-                _fit_fixed_subset,
-                [self.columns(t) for t in trials],
-                shared=(self.X, self.y_idx, self.X_val, self.y_val_idx, proxy, self.seed),
-            )
+            scores = self._fit_cached([self.columns(t) for t in trials], proxy)
             best: tuple[float, float, int] | None = None
             pick = 0
             for i, (s, (_, _, acc)) in enumerate(zip(rest, scores, strict=True)):

@@ -42,7 +42,7 @@ from service.strategies.base import (
     pareto,
     register_strategy,
 )
-from service.strategies.fixed import FixedPoints, Option, pick
+from service.strategies.fixed import FixedPoints, Option, capped_at, pick
 from service.types import FloatVector
 
 
@@ -171,12 +171,18 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
     ) -> list[Option[CstcPoint | FixedPoint]]:
         """Every point whose average cost (and root) fits the budget, with its validation
         accuracy, and every fixed subset whose missing features fit."""
-        out: list[Option[CstcPoint | FixedPoint]] = [
-            Option(self.mean_cost(p, per_feature), p.accuracy, p)
-            for p in self.points
-            if affordable(self.mean_cost(p, per_feature), budget, budget)
-            and affordable(self._root_cost(p, per_feature), budget, budget)
-        ]
+        out: list[Option[CstcPoint | FixedPoint]] = []
+        for p in self.points:
+            if p.capped:
+                # the budget is a per-item hard cap: the point's numbers with every walk
+                # stopped there (features in hand are not priced in: a lower bound)
+                at = capped_at(p.capped, budget)
+                if at is not None:
+                    out.append(Option(at.mean_cost, at.accuracy, p))
+            elif affordable(self.mean_cost(p, per_feature), budget, budget) and affordable(
+                self._root_cost(p, per_feature), budget, budget
+            ):
+                out.append(Option(self.mean_cost(p, per_feature), p.accuracy, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))
         return out
 
@@ -188,18 +194,27 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
     ) -> CstcPoint | FixedPoint:
         """The most accurate (validation) point or fixed subset that fits the budget, within
         ``tolerance`` the cheapest; the cheapest point when none fits."""
+        return self._choose(per_feature, budget, in_hand).entry
+
+    def _choose(
+        self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
+    ) -> Option[CstcPoint | FixedPoint]:
         chosen = pick(self.options(per_feature, budget, in_hand), self.tolerance)
         if chosen is None:
-            return min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
-        return chosen.entry
+            cheapest = min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
+            return Option(self.mean_cost(cheapest, per_feature), cheapest.accuracy, cheapest)
+        return chosen
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        chosen = self.choose(per_feature, budget, in_hand)
-        if isinstance(chosen, FixedPoint):
-            cost = self.fixed.cost(chosen, per_feature, in_hand)
-            return self.fixed.session(chosen, per_feature, cost)
-        return CstcSession(self, chosen, per_feature)
+        chosen = self._choose(per_feature, budget, in_hand)
+        if isinstance(chosen.entry, FixedPoint):
+            cost = self.fixed.cost(chosen.entry, per_feature, in_hand)
+            return self.fixed.session(chosen.entry, per_feature, cost)
+        session = CstcSession(self, chosen.entry, per_feature)
+        if chosen.entry.capped:
+            session.planned, session.expected_accuracy = chosen.cost, chosen.accuracy
+        return session
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
         per_feature = self.costs.at(size)

@@ -31,7 +31,7 @@ from service.strategies.base import (
     affordable,
     register_strategy,
 )
-from service.strategies.fixed import FixedPoints, Option, pick
+from service.strategies.fixed import FixedPoints, Option, capped_at, pick
 from service.types import FloatVector
 
 
@@ -210,11 +210,16 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
         walk's hard cap still holds the real budget), with its validation accuracy, and every
         fixed subset whose missing sensors fit."""
         free = sum(per_feature[f] for f in in_hand if f in per_feature)
-        out: list[Option[_Policy | FixedPoint]] = [
-            Option(max(p.spec.mean_cost - free, 0.0), 1.0 - p.spec.error, p)
-            for p in self.policies
-            if affordable(p.spec.mean_cost, budget + free, budget)
-        ]
+        out: list[Option[_Policy | FixedPoint]] = []
+        for p in self.policies:
+            if p.spec.capped:
+                # the budget is a per-item hard cap: the point's numbers with every walk
+                # stopped there (cached sensors free: that much more cap)
+                at = capped_at(p.spec.capped, budget + free)
+                if at is not None:
+                    out.append(Option(max(at.mean_cost - free, 0.0), at.accuracy, p))
+            elif affordable(p.spec.mean_cost, budget + free, budget):
+                out.append(Option(max(p.spec.mean_cost - free, 0.0), 1.0 - p.spec.error, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))
         return out
 
@@ -238,4 +243,6 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
             return DagSession(self, self.policies[0], per_feature)
         if isinstance(chosen.entry, FixedPoint):
             return self.fixed.session(chosen.entry, per_feature, chosen.cost)
-        return DagSession(self, chosen.entry, per_feature)
+        session = DagSession(self, chosen.entry, per_feature)
+        session.planned, session.expected_accuracy = chosen.cost, chosen.accuracy
+        return session

@@ -2,7 +2,10 @@
 subsets of their spec (:class:`~service.bundle.FixedPoint`) and the one budget → point choice.
 
 Per request a runtime lists its :class:`Option` s: every adaptive point it could serve under
-the budget, with the cost it expects and the validation accuracy it can deliver there, and
+the budget, with the cost it expects and the validation accuracy it can deliver there (its
+``capped`` numbers at the largest cap the budget covers, when the point has them: the budget
+is a per-item hard cap, so a point whose average cost fits may still stop some walks short),
+and
 every fixed subset whose missing features fit the budget (:meth:`FixedPoints.options`).
 :func:`pick` serves the most accurate, or among those within the tolerance of it the
 cheapest: so a budget never buys less validation accuracy than the best fixed subset it
@@ -16,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from service.bundle import FixedPoint
+from service.bundle import CappedNumbers, FixedPoint
 from service.strategies.base import (
     Acquire,
     Answer,
@@ -48,6 +51,13 @@ def pick(options: Sequence[Option[E]], tolerance: float) -> Option[E] | None:
     best = max(o.accuracy for o in options)
     near = [o for o in options if o.accuracy >= best - tolerance - 1e-12]
     return min(near, key=lambda o: (o.cost, -o.accuracy))
+
+
+def capped_at(caps: Sequence[CappedNumbers], budget: float) -> CappedNumbers | None:
+    """A point's validation numbers under ``budget`` as a hard cap: the entry of the largest
+    cap that fits (None: below the first)."""
+    fitting = [c for c in caps if affordable(c.cap, budget, budget)]
+    return fitting[-1] if fitting else None
 
 
 class FixedPoints:

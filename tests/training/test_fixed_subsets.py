@@ -15,6 +15,7 @@ import pytest
 from service.bundle import DagStrategy, FixedPoint
 from service.registry import load_bundle
 from service.strategies.dag import DagRuntime
+from service.strategies.fixed import capped_at
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.dag import DagClassifier
 from training.dag.learners import make_classifier
@@ -75,12 +76,20 @@ def test_every_budget_gets_the_best_point_on_validation_by_brute_force(
     assert isinstance(runtime, DagRuntime)
     spec_dag = bundle.manifest.strategy("dag")
     assert isinstance(spec_dag, DagStrategy) and spec_dag.fixed
-    adaptive = [(p.mean_cost, 1.0 - p.error) for p in spec_dag.policies]
+    for p in spec_dag.policies:  # uncapped, a point's walks give its own numbers
+        assert p.capped[-1].accuracy == pytest.approx(1.0 - p.error)
+        assert p.capped[-1].mean_cost == pytest.approx(p.mean_cost)
     for budget in (0.5, 1.0, 1.5, 2.0, 3.0, 3.5, 5.0, 6.0, 7.0, 8.0):
         chosen = runtime.choose(budget)
-        got = chosen.accuracy if isinstance(chosen, FixedPoint) else 1.0 - chosen.spec.error
+        # a DAG point is worth its validation accuracy with every walk stopped at the budget
+        capped = {
+            id(p): at.accuracy
+            for p in spec_dag.policies
+            if (at := capped_at(p.capped, budget)) is not None
+        }
+        got = chosen.accuracy if isinstance(chosen, FixedPoint) else capped[id(chosen.spec)]
         fixed_best = max(acc for cost, acc in subsets.values() if cost <= budget)
-        adaptive_best = max((acc for cost, acc in adaptive if cost <= budget), default=0.0)
+        adaptive_best = max(capped.values(), default=0.0)
         assert got == pytest.approx(max(fixed_best, adaptive_best)), budget
         if isinstance(chosen, FixedPoint):
             features = bundle.manifest.model(chosen.model).features
@@ -100,8 +109,9 @@ def test_a_request_tolerance_trades_validation_accuracy_for_cost(
         if isinstance(chosen, FixedPoint):
             features = bundle.manifest.model(chosen.model).features
             return sum(COSTS[f] for f in features), chosen.accuracy
-        policy = chosen.spec  # type: ignore[attr-defined]
-        return float(policy.mean_cost), 1.0 - float(policy.error)
+        at = capped_at(chosen.spec.capped, 8.0)  # type: ignore[attr-defined]
+        assert at is not None
+        return at.mean_cost, at.accuracy
 
     strict = cost_and_accuracy(runtime.choose(8.0))
     loose = runtime.with_options(tolerance=0.5)

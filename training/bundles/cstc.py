@@ -27,11 +27,11 @@ import numpy as np
 import numpy.typing as npt
 
 from service.bundle import CstcPoint, CstcStrategy, Manifest, ModelSpec, write_manifest
-from training.bundles.writer import bundle_version, provenance, staging
+from training.bundles.writer import bundle_version, capped_numbers, provenance, staging
 from training.cstc import CSTCClassifier
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
-from training.export.cstc import CstcExportMismatch, export_point
+from training.export.cstc import CstcExportMismatch, export_point, node_probabilities
 from training.export.fixed import export_fixed
 from training.fixed_subsets import (
     FixedSubsets,
@@ -193,13 +193,7 @@ class CstcBuildResult:
 def held_sensors(est: CSTCClassifier, names: list[str]) -> list[tuple[str, ...]]:
     """Per node of a fitted tree, the sensors in hand when the walk is there: its own and its
     ancestors' (declaration order)."""
-    held: list[set[int]] = [set() for _ in est.export_nodes_]
-    for k, node in enumerate(est.export_nodes_):
-        held[k] |= set(node.groups)
-        for child in (node.upper, node.lower):
-            if child is not None:
-                held[child] |= held[k]
-    return [tuple(names[g] for g in sorted(h)) for h in held]
+    return [tuple(names[g] for g in sorted(h)) for h in _held_groups(est)]
 
 
 def _answers(
@@ -265,6 +259,64 @@ def exit_answers(
         pred[rows] = np.argmax(proba[leave], axis=1)
         cost[rows] = sum(group_costs[g] for g in held)
     return np.asarray(est.classes_[pred]), cost, left
+
+
+def capped_point(
+    est: CSTCClassifier,
+    node_fits: list[SubsetFit] | None,
+    level: float | None,
+    X: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    group_costs: list[float],
+    prior_label: Any,
+) -> list[Any]:
+    """A point's validation numbers with every walk stopped at each cap (the service's
+    budget is a per-item hard cap): a walk does not enter a node whose sensors, with its
+    ancestors', cost more than the cap, and the last node it entered answers (the prior when
+    it could not pay for the root). ``level``: a cascade with confidence exits."""
+    held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
+    if level is None:
+        paths = [w.path for w in est.walk(X)]
+    else:
+        order = cascade_order(est)
+        ends = exit_answers(est, node_fits or [], level, X, group_costs)[2]
+        paths = [order[: order.index(int(k)) + 1] for k in ends]
+    right_at: dict[int, npt.NDArray[np.bool_]] = {}
+
+    def right(k: int) -> npt.NDArray[np.bool_]:
+        if k not in right_at:
+            if node_fits is not None:
+                proba = node_fits[k].predict_proba(X)
+            else:
+                proba = node_probabilities(est, est.export_nodes_[k], X)
+            right_at[k] = est.classes_[np.argmax(proba, axis=1)] == np.asarray(y)
+        return right_at[k]
+
+    prior_right = np.asarray(y) == prior_label
+
+    def evaluate(cap: float) -> tuple[float, float]:
+        correct = np.zeros(len(X), dtype=bool)
+        spent = np.zeros(len(X))
+        for i, path in enumerate(paths):
+            entered = [k for k in path if held[k] <= cap + 1e-9]
+            if entered:
+                correct[i] = right(entered[-1])[i]
+                spent[i] = held[entered[-1]]
+            else:
+                correct[i] = prior_right[i]
+        return float(correct.mean()), float(spent.mean())
+
+    return capped_numbers({held[k] for path in paths for k in path}, evaluate)
+
+
+def _held_groups(est: CSTCClassifier) -> list[set[int]]:
+    held: list[set[int]] = [set() for _ in est.export_nodes_]
+    for k, node in enumerate(est.export_nodes_):
+        held[k] |= set(node.groups)
+        for child in (node.upper, node.lower):
+            if child is not None:
+                held[child] |= held[k]
+    return held
 
 
 def build_cstc_bundle(
@@ -403,14 +455,23 @@ def build_cstc_bundle(
                 node_fits.get(row["id"]),
             )
             models += node_models
-            if row["id"] in exits:
-                level = exits[row["id"]][1]
+            exit_level = exits[row["id"]][1] if row["id"] in exits else None
+            if exit_level is not None:
                 nodes = [
-                    n.model_copy(update={"exit_confidence": level})
+                    n.model_copy(update={"exit_confidence": exit_level})
                     if (n.upper is None) != (n.lower is None)
                     else n
                     for n in nodes
                 ]
+            capped = capped_point(
+                est,
+                node_fits.get(row["id"]),
+                exit_level,
+                x_val,
+                y_val,
+                costs,
+                classes[int(np.argmax(prior))],
+            )
             points.append(
                 CstcPoint(
                     id=row["id"],
@@ -419,6 +480,7 @@ def build_cstc_bundle(
                     mean_cost=row["validation_cost"],
                     accuracy=row["validation_accuracy"],
                     nodes=nodes,
+                    capped=capped,
                 )
             )
         manifest = Manifest(

@@ -22,7 +22,7 @@ from service.bundle import (
     Manifest,
     write_manifest,
 )
-from training.bundles.writer import bundle_version, provenance, staging
+from training.bundles.writer import bundle_version, capped_numbers, provenance, staging
 from training.dag import DagClassifier, sweep
 from training.dag.policies import check_policy_options
 from training.data.tabular import (
@@ -181,6 +181,7 @@ def build_dag_bundle(
                         "cost_scale": scale,
                         "mean_cost": val_cost,
                         "error": val_error,
+                        "capped": _capped(model, x_val, y_val),
                     }
                 )
             )
@@ -237,3 +238,16 @@ def build_dag_bundle(
         )
         write_manifest(tmp, manifest)
     return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits], fixed)
+
+
+def _capped(model: DagClassifier, x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> Any:
+    """The policy's validation numbers with every walk stopped at each cost a walk can stop
+    at (the service's budget is a per-item hard cap)."""
+    _, paths = model.acquisition(x)
+    caps = {model.state_cost(s) for path in paths for s in path}
+
+    def evaluate(cap: float) -> tuple[float, float]:
+        pred, spent, _ = model.predict_with_cost(x, budget=cap)
+        return float(np.mean(pred == np.asarray(y))), float(np.mean(spent))
+
+    return capped_numbers(caps, evaluate)
