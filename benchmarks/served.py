@@ -26,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import re
 import shutil
 import socket
 import subprocess
@@ -237,7 +238,7 @@ def run_method(
     references: dict[str, list[BoolArray]] = {}
     labels: list[npt.NDArray[Any]] = []
     for seed in task.seeds:
-        name = f"{task.key}-{method}-{seed}".lower().replace(" ", "-")
+        name = re.sub(r"[^a-z0-9_.-]+", "-", f"{task.key}-{method}-{seed}".lower()).strip("-")
         spec = make_spec(name, seed)
         x_tr, _x_val, x_te, y_tr, _y_val, y_te = spec.split(task.x, task.y)
         folder = work / name

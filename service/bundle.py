@@ -358,6 +358,18 @@ class AdaptiveWithFixed(StrategySpec):
         "best one the budget affords count as equal, and the cheapest is taken (0: the most "
         "accurate; a request's 'tolerance' overrides it)",
     )
+    margin: float = Field(
+        default=0.0,
+        ge=0,
+        description="an adaptive point is ranked against the fixed subsets with this many "
+        "standard errors of the best affordable fixed subset's validation accuracy "
+        "(sqrt(p(1 - p) / validation_rows)) taken off its own: of many adaptive points the "
+        "best on validation is optimistic, so it replaces the fixed pipeline only when it "
+        "beats it by more than the noise (0: by any amount)",
+    )
+    validation_rows: int = Field(
+        default=0, ge=0, description="how many validation rows the accuracies were measured on"
+    )
 
     @model_validator(mode="after")
     def _unique_fixed(self) -> AdaptiveWithFixed:
@@ -372,6 +384,8 @@ class AdaptiveWithFixed(StrategySpec):
     def fixed_summary(self) -> dict[str, Any]:
         return {
             "tolerance": self.tolerance,
+            "margin": self.margin,
+            "validation_rows": self.validation_rows,
             "fixed": [p.model_dump() for p in self.fixed],
         }
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -416,11 +417,25 @@ def fixed_summary(fits: Sequence[SubsetFit]) -> list[dict[str, Any]]:
 class WithFixedSubsets:
     """What a tabular builder's spec adds for its fixed subsets: ``fixed``, a mapping of
     :class:`FixedSearch`'s fields (absent: the defaults), or ``false`` for none (the bundle
-    then has its adaptive points only)."""
+    then has its adaptive points only), and ``fixed_margin`` (how many validation standard
+    errors an adaptive point must gain over the best fixed subset to be served instead)."""
+
+    def margin_fields(self, validation_rows: int) -> dict[str, Any]:
+        """The strategy's ``margin`` and ``validation_rows``."""
+        return {"margin": float(self.fixed_margin), "validation_rows": int(validation_rows)}
 
     fixed: dict[str, Any] | bool | None = None
+    #: Standard errors an adaptive point must gain over the best fixed subset on validation
+    #: to be served instead (the strategy's ``margin``; 0: any gain).
+    fixed_margin: float = 1.0
 
     def fixed_search(self) -> FixedSearch | None:
+        if (
+            isinstance(self.fixed_margin, bool)
+            or not isinstance(self.fixed_margin, int | float)
+            or not 0 <= self.fixed_margin < math.inf
+        ):
+            raise ValueError(f"fixed_margin must be a number >= 0, got {self.fixed_margin!r}")
         if self.fixed is False:
             return None
         if self.fixed is None or self.fixed is True:

@@ -199,7 +199,12 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
     def _choose(
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
     ) -> Option[CstcPoint | FixedPoint]:
-        chosen = pick(self.options(per_feature, budget, in_hand), self.tolerance)
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
         if chosen is None:
             cheapest = min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
             return Option(self.mean_cost(cheapest, per_feature), cheapest.accuracy, cheapest)

@@ -229,7 +229,12 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
         """The point to serve with ``budget``: the most accurate on the validation rows among
         the operating points and fixed subsets that fit (within ``tolerance`` of it, the
         cheapest); the cheapest operating point when none fits."""
-        chosen = pick(self.options(self.costs.at(size), budget, in_hand), self.tolerance)
+        chosen = pick(
+            self.options(self.costs.at(size), budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
         return self.policies[0] if chosen is None else chosen.entry
 
     def answerable(self) -> list[str]:
@@ -238,7 +243,12 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        chosen = pick(self.options(per_feature, budget, in_hand), self.tolerance)
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
         if chosen is None:
             return DagSession(self, self.policies[0], per_feature)
         if isinstance(chosen.entry, FixedPoint):

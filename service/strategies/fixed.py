@@ -5,16 +5,19 @@ Per request a runtime lists its :class:`Option` s: every adaptive point it could
 the budget, with the cost it expects and the validation accuracy it can deliver there (its
 ``capped`` numbers at the largest cap the budget covers, when the point has them: the budget
 is a per-item hard cap, so a point whose average cost fits may still stop some walks short),
-and
-every fixed subset whose missing features fit the budget (:meth:`FixedPoints.options`).
+and every fixed subset whose missing features fit the budget (:meth:`FixedPoints.options`).
 :func:`pick` serves the most accurate, or among those within the tolerance of it the
 cheapest: so a budget never buys less validation accuracy than the best fixed subset it
-affords. A fixed point is served by :class:`FixedSession`: acquire the model's missing
-features (the budget a hard cap), answer with the model.
+affords. An adaptive point is ranked a ``margin`` of standard errors down against the fixed
+subsets (the best of many adaptive points on validation is optimistic), so it replaces the
+fixed pipeline only when it beats it by more than the noise. A fixed point is served by
+:class:`FixedSession`: acquire the model's missing features (the budget a hard cap), answer
+with the model.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,21 +39,42 @@ E = TypeVar("E", covariant=True)
 @dataclass(frozen=True, slots=True)
 class Option(Generic[E]):
     """A point a budget may buy: its expected cost for this request (features in hand
-    free), the validation accuracy it delivers under the budget, and what serves it."""
+    free), the validation accuracy it delivers under the budget, what serves it, and whether
+    it is a fixed subset."""
 
     cost: float
     accuracy: float
     entry: E
+    fixed: bool = False
 
 
-def pick(options: Sequence[Option[E]], tolerance: float) -> Option[E] | None:
-    """The most accurate option; among those within ``tolerance`` of it, the cheapest
-    (then the more accurate, then the first listed). None when there are none."""
+def handicap(options: Sequence[Option[E]], margin: float, rows: int) -> float:
+    """What an adaptive option's accuracy is ranked down by: ``margin`` standard errors of
+    the best fixed option's validation accuracy p, sqrt(p (1 - p) / rows) (0 without a
+    margin, rows or fixed options)."""
+    fixed = [o.accuracy for o in options if o.fixed]
+    if margin <= 0 or rows <= 0 or not fixed:
+        return 0.0
+    p = max(fixed)
+    return margin * math.sqrt(max(p * (1.0 - p), 1.0 / rows) / rows)
+
+
+def pick(
+    options: Sequence[Option[E]], tolerance: float, margin: float = 0.0, rows: int = 0
+) -> Option[E] | None:
+    """The most accurate option, adaptive ones ranked ``margin`` standard errors down
+    (:func:`handicap`); among those within ``tolerance`` of it, the cheapest (then the more
+    accurate, then a fixed subset, then the first listed). None when there are none."""
     if not options:
         return None
-    best = max(o.accuracy for o in options)
-    near = [o for o in options if o.accuracy >= best - tolerance - 1e-12]
-    return min(near, key=lambda o: (o.cost, -o.accuracy))
+    down = handicap(options, margin, rows)
+
+    def rank(o: Option[E]) -> float:
+        return o.accuracy if o.fixed else o.accuracy - down
+
+    best = max(rank(o) for o in options)
+    near = [o for o in options if rank(o) >= best - tolerance - 1e-12]
+    return min(near, key=lambda o: (o.cost, -rank(o), not o.fixed))
 
 
 def capped_at(caps: Sequence[CappedNumbers], budget: float) -> CappedNumbers | None:
@@ -81,7 +105,7 @@ class FixedPoints:
         for p in self.points:
             cost = self.cost(p, per_feature, in_hand)
             if affordable(cost, budget, budget):
-                out.append(Option(cost, p.accuracy, p))
+                out.append(Option(cost, p.accuracy, p, fixed=True))
         return out
 
     def session(

@@ -248,7 +248,12 @@ class GatingRuntime(StrategyRuntime[GatingStrategy]):
         the options, those within ``tolerance`` of the best are equal and the cheapest
         (expected cost) wins; when none is affordable, the cheapest gating point (the session
         then answers with the best model computable from what it could buy)."""
-        chosen = pick(self.options(per_feature, budget, in_hand), self.tolerance)
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
         if chosen is None:
             cheapest = min(
                 self.points, key=lambda p: (p.expected_cost(per_feature, in_hand), -p.spec.accuracy)

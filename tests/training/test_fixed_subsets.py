@@ -7,6 +7,7 @@ subset fitted alone with the DAG's learners."""
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from service.bundle import DagStrategy, FixedPoint
 from service.registry import load_bundle
 from service.strategies.dag import DagRuntime
-from service.strategies.fixed import capped_at
+from service.strategies.fixed import Option, capped_at, pick
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.dag import DagClassifier
 from training.dag.learners import make_classifier
@@ -48,6 +49,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DagSpec, np.n
         refine_scales=0,
         learner="linear",
         fixed=dict(SEARCH),
+        fixed_margin=0.0,  # any validation gain: the DAG's points are chosen at some budgets
     )
     out = tmp_path_factory.mktemp("fixed") / "trio"
     build_dag_bundle(out, spec, x, y, COLUMNS)
@@ -76,6 +78,8 @@ def test_every_budget_gets_the_best_point_on_validation_by_brute_force(
     assert isinstance(runtime, DagRuntime)
     spec_dag = bundle.manifest.strategy("dag")
     assert isinstance(spec_dag, DagStrategy) and spec_dag.fixed
+    assert spec_dag.margin == 0.0 and spec_dag.validation_rows == len(y_val)
+    kinds = set()
     for p in spec_dag.policies:  # uncapped, a point's walks give its own numbers
         assert p.capped[-1].accuracy == pytest.approx(1.0 - p.error)
         assert p.capped[-1].mean_cost == pytest.approx(p.mean_cost)
@@ -87,14 +91,30 @@ def test_every_budget_gets_the_best_point_on_validation_by_brute_force(
             for p in spec_dag.policies
             if (at := capped_at(p.capped, budget)) is not None
         }
-        got = chosen.accuracy if isinstance(chosen, FixedPoint) else capped[id(chosen.spec)]
         fixed_best = max(acc for cost, acc in subsets.values() if cost <= budget)
         adaptive_best = max(capped.values(), default=0.0)
-        assert got == pytest.approx(max(fixed_best, adaptive_best)), budget
+        # an adaptive point is ranked one standard error of the best fixed subset down
+        down = spec_dag.margin * math.sqrt(fixed_best * (1 - fixed_best) / len(y_val))
         if isinstance(chosen, FixedPoint):
+            rank = chosen.accuracy
             features = bundle.manifest.model(chosen.model).features
             assert sum(COSTS[f] for f in features) <= budget
-        assert got >= fixed_best - 1e-12, "never below the best fixed subset on validation"
+        else:
+            rank = capped[id(chosen.spec)] - down
+            assert rank >= fixed_best, "an adaptive point only where it beats the fixed subset"
+        assert rank == pytest.approx(max(fixed_best, adaptive_best - down)), budget
+        kinds.add(type(chosen).__name__)
+    assert kinds == {"FixedPoint", "_Policy"}, "both kinds of point are chosen somewhere"
+
+
+def test_an_adaptive_point_must_beat_the_fixed_subset_by_more_than_the_noise() -> None:
+    fixed = Option(2.0, 0.80, "fixed", fixed=True)
+    close, clear = Option(1.5, 0.81, "close"), Option(1.5, 0.83, "clear")
+    # one standard error of 0.80 on 1000 rows: 1.26 points
+    assert pick([fixed, close], 0.0, margin=1.0, rows=1000) is fixed
+    assert pick([fixed, clear], 0.0, margin=1.0, rows=1000) is clear
+    assert pick([fixed, close], 0.0) is close, "no margin: any gain"
+    assert pick([close], 0.0, margin=1.0, rows=1000) is close, "no fixed subset to beat"
 
 
 def test_a_request_tolerance_trades_validation_accuracy_for_cost(

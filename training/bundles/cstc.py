@@ -494,7 +494,11 @@ def build_cstc_bundle(
             models=models,
             strategies=[
                 CstcStrategy(
-                    name="cstc", points=points, tolerance=spec.tolerance, fixed=fixed_points
+                    name="cstc",
+                    points=points,
+                    tolerance=spec.tolerance,
+                    fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
                 )
             ],
             default_strategy="cstc",

@@ -210,6 +210,7 @@ def build_dag_bundle(
                     inputs=sensor_names,
                     policies=policies,
                     fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
                 )
             ],
             default_strategy="dag",

@@ -343,7 +343,11 @@ def build_gating_bundle(
             models=models,
             strategies=[
                 GatingStrategy(
-                    name="gating", points=gate_points, tolerance=spec.tolerance, fixed=fixed_points
+                    name="gating",
+                    points=gate_points,
+                    tolerance=spec.tolerance,
+                    fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
                 )
             ],
             default_strategy="gating",

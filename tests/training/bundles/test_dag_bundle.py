@@ -27,6 +27,8 @@ SPEC = DagSpec(
     sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
     costs={"r": 1.0, "a": 5.0, "b": 5.0},
     cost_scales=[0.0, 0.03, 0.3],
+    bank="learner",  # as the router fixture (tests/conftest.py): the DAG's walks alone
+    fixed=False,
 )
 
 pytestmark = pytest.mark.redis  # rows are acquired from a real Redis
@@ -154,13 +156,9 @@ def test_cached_sensors_are_free(client: TestClient, store: SensorStore) -> None
     first = client.post("/predict", json=body).json()
     second = client.post("/predict", json=body).json()
     assert first["cost"]["spent"] > 0
+    assert second["cost"]["spent"] == 0.0
     assert set(first["cost"]["extracted"]) == set(second["cost"]["cached"])
-    # What the first request bought is not charged again (the budget it frees may buy a
-    # more accurate point, which may buy another sensor).
-    charged = second["cost"]["charged"]
-    assert not set(charged) & set(second["cost"]["cached"])
-    assert second["cost"]["spent"] == pytest.approx(sum(charged.values()))
-    assert second["cost"]["spent"] <= 6.0
+    assert second["prediction"] == first["prediction"]
 
 
 @pytest.mark.parametrize(

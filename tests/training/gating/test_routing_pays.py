@@ -75,7 +75,11 @@ def test_below_the_full_cost_a_confidence_gate_routes_to_a_fixed_subset(
         bodies = []
         for i, row in enumerate(test_x):
             item = store.item(row, f"r{i}")
-            r = client.post("/predict", json={"model": "routes", "item": item, "budget": budget})
+            # The confidence gate is as accurate on validation as the fixed subset a+b, at
+            # 2 of its 3: ranked a margin down against it, it is served when the request
+            # takes the cheapest within 2 points.
+            body = {"model": "routes", "item": item, "budget": budget, "tolerance": 0.02}
+            r = client.post("/predict", json=body)
             assert r.status_code == 200, r.text
             bodies.append(r.json())
     point = next(p for p in strategy.points if p.id == bodies[0]["decision"]["point"])
