@@ -623,7 +623,13 @@ def routing_lines(res: Any) -> list[str]:
     lines = []
     for b in res.task.budgets:
         routed = float(np.mean(res.routed[b]))
-        if routed <= 0 or b not in res.f1_right:
+        if routed <= 0:
+            continue
+        if b not in res.f1_right:
+            lines.append(
+                f"* Budget {b:g}: {100 * routed:.1f} % of the answers were routed, by a point "
+                "that is not the same on every split seed (no one f1 to compare with)."
+            )
             continue
         d, lo, hi = diff_interval(res.right[b], res.f1_right[b])
         point = res.points[b].most_common(1)[0][0]

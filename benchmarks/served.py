@@ -215,6 +215,11 @@ def best_fixed(fixed: Sequence[Any], budget: float) -> Any:
     return max(fits, key=lambda f: (f.val_accuracy, -f.cost))
 
 
+#: The served variants of every bundle: the bundle as built, and with ``margin`` 0 in its
+#: manifest (an adaptive point served whenever it is ahead on validation at all).
+VARIANTS: tuple[tuple[str, float | None], ...] = (("", None), (" (margin 0)", 0.0))
+
+
 def run_method(
     task: Task,
     method: str,
@@ -227,14 +232,19 @@ def run_method(
     tolerance: float | None = None,
     f1_alone: Callable[[Any, str, FloatArray], BoolArray | None] | None = None,
     adaptive_only: bool = False,
+    variants: Sequence[tuple[str, float | None]] = VARIANTS,
     log: Callable[[str], None] = print,
-) -> Served:
-    """Build per seed, serve every test row at every budget, pool the seeds."""
+) -> list[Served]:
+    """Build per seed, serve every test row at every budget once per variant (the bundle's
+    margin as built, or set in its manifest), pool the seeds: one :class:`Served` per
+    variant."""
     import redis
 
-    out = Served(method, task)
+    outs = [Served(method + suffix, task) for suffix, _ in variants]
     store = redis.Redis.from_url(redis_url)
-    parts: dict[float, dict[str, list[Any]]] = {b: {} for b in task.budgets}
+    parts: list[dict[float, dict[str, list[Any]]]] = [
+        {b: {} for b in task.budgets} for _ in variants
+    ]
     references: dict[str, list[BoolArray]] = {}
     labels: list[npt.NDArray[Any]] = []
     for seed in task.seeds:
@@ -245,9 +255,10 @@ def run_method(
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         result = build(folder / name, spec, task.x, task.y, task.columns)
-        out.build_seconds += time.perf_counter() - t0
+        for out in outs:
+            out.build_seconds += time.perf_counter() - t0
         if adaptive_only:  # to compare two methods' adaptive points (never in a bundle)
-            _drop_fixed(folder / name)
+            _edit_strategies(folder / name, {"fixed": []})
         log(f"{name}: built in {time.perf_counter() - t0:.0f} s")
         prefix = f"{name}:"
         pipe = store.pipeline()
@@ -259,33 +270,42 @@ def run_method(
         labels.append(np.asarray([str(v) for v in y_te]))
         for ref, right in _references(x_tr, y_tr, x_te, y_te, seed).items():
             references.setdefault(ref, []).append(right)
-        t1 = time.perf_counter()
-        with serving(folder, name, redis_url, prefix + "{id}") as port:
-            client = Client(port)
-            try:
-                for budget in task.budgets:
-                    rows = []
-                    for i in range(len(x_te)):
-                        body: dict[str, Any] = {
-                            "model": name,
-                            "item": {"id": str(i)},
-                            "budget": budget,
-                        }
+        for (_, margin), out, acc in zip(variants, outs, parts, strict=True):
+            if margin is not None:
+                _edit_strategies(folder / name, {"margin": margin})
+            t1 = time.perf_counter()
+            with serving(folder, name, redis_url, prefix + "{id}") as port:
+                client = Client(port)
+                try:
+                    for budget in task.budgets:
+                        body: dict[str, Any] = {"model": name, "budget": budget}
                         if strategy is not None:
                             body["strategy"] = strategy
                         if tolerance is not None:
                             body["tolerance"] = tolerance
-                        rows.append(client.predict(body))
-                    out.requests += len(rows)
-                    _collect(parts[budget], rows, y_te, result, budget, x_te, classes, f1_alone)
-            finally:
-                client.close()
-        out.serve_seconds += time.perf_counter() - t1
-        log(
-            f"{name}: served {len(x_te)} rows x {len(task.budgets)} budgets in "
-            f"{time.perf_counter() - t1:.0f} s"
-        )
+                        rows = [
+                            client.predict({**body, "item": {"id": str(i)}})
+                            for i in range(len(x_te))
+                        ]
+                        out.requests += len(rows)
+                        _collect(acc[budget], rows, y_te, result, budget, x_te, classes, f1_alone)
+                finally:
+                    client.close()
+            out.serve_seconds += time.perf_counter() - t1
+            log(
+                f"{name}{out.method[len(method) :]}: served {len(x_te)} rows x "
+                f"{len(task.budgets)} budgets in {time.perf_counter() - t1:.0f} s"
+            )
         shutil.rmtree(folder, ignore_errors=True)
+    for out, acc in zip(outs, parts, strict=True):
+        _pool(out, acc)
+        out.references = {k: np.concatenate(v) for k, v in references.items()}
+        out.labels = np.concatenate(labels)
+    return outs
+
+
+def _pool(out: Served, parts: dict[float, dict[str, list[Any]]]) -> None:
+    """Each budget's answers of every seed, concatenated."""
     for budget, got in parts.items():
         out.right[budget] = np.concatenate(got["right"])
         out.spent[budget] = np.concatenate(got["spent"])
@@ -298,9 +318,6 @@ def run_method(
         f1 = got.get("f1_right") or []
         if f1 and all(r is not None for r in f1):  # the same routing point on every seed
             out.f1_right[budget] = np.concatenate(f1)
-    out.references = {k: np.concatenate(v) for k, v in references.items()}
-    out.labels = np.concatenate(labels)
-    return out
 
 
 def balanced(right: BoolArray, labels: npt.NDArray[Any]) -> float:
@@ -308,12 +325,14 @@ def balanced(right: BoolArray, labels: npt.NDArray[Any]) -> float:
     return float(np.mean([right[labels == c].mean() for c in np.unique(labels)]))
 
 
-def _drop_fixed(bundle: Path) -> None:
+def _edit_strategies(bundle: Path, update: dict[str, Any]) -> None:
+    """Set fields of the bundle's tabular strategies in its manifest (a benchmark variant;
+    no builder writes such a bundle)."""
     from service.bundle import AdaptiveWithFixed, read_manifest, write_manifest
 
     manifest = read_manifest(bundle)
     strategies = [
-        s.model_copy(update={"fixed": []}) if isinstance(s, AdaptiveWithFixed) else s
+        s.model_copy(update=update) if isinstance(s, AdaptiveWithFixed) else s
         for s in manifest.strategies
     ]
     write_manifest(bundle, manifest.model_copy(update={"strategies": strategies}))
@@ -728,10 +747,8 @@ def write_report(
     results = []
     with threadpool_limits(1), redis_server() as url, tempfile.TemporaryDirectory() as tmp:
         for run in runs:
-            results.append(
-                run_method(
-                    run.task, run.method, run.make_spec, run.build, url, Path(tmp), **run.options
-                )
+            results += run_method(
+                run.task, run.method, run.make_spec, run.build, url, Path(tmp), **run.options
             )
             save(results, Path(tempfile.gettempdir()) / f"budgetserve-{name}_served.pickle")
     path = out_dir / f"{name}_served.md"
