@@ -44,11 +44,14 @@ def main() -> None:
         ("anytime (synthetic)", lambda: anytime.main()),
         ("calibration", lambda: calibration.main()),
         ("dag", lambda: dag.main()),
+        ("dag served", lambda: dag.served_main()),
         ("gating", lambda: gating.main()),
+        ("gating served", lambda: gating.served_main()),
         # the documented run (docs/benchmarks/ocr.md, README): every training word, the
         # paper's 90 % (about 20 min of training on the shared machine)
         ("ocr (structured)", lambda: ocr.main([])),
         ("cstc", lambda: cstc.main([])),
+        ("cstc served", lambda: cstc.served_main()),
         ("tabular gaps (pima, 10 % blank)", lambda: tabular_gaps.main([])),
         ("cstc (digits)", lambda: cstc_digits.main([])),
         ("image folder (your own images)", lambda: image_folder.main([])),

@@ -13,6 +13,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -379,11 +380,103 @@ RUNNERS: dict[str, tuple[str, Callable[[], tuple[list[str], dict[str, Any]]]]] =
 }
 
 
+# --------------------------------------------------------------------------------------------
+# served: the CSTC bundle against the best fixed subset (issue 25)
+# --------------------------------------------------------------------------------------------
+
+SERVED_TASKS = ("letter", "miniboone", "pima", "letter-a")
+FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
+
+
+def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
+    """The CSTC spec of a served task, per split seed: tuned node models, the fixed subsets
+    beside the points."""
+    from training.bundles.cstc import CstcSpec
+
+    lambdas = {
+        "letter": [0.003, 0.03, 0.3],
+        "miniboone": [0.001, 0.01, 0.1],
+    }.get(task.key, [0.001, 0.01, 0.1, 1.0])
+
+    def make(name: str, seed: int) -> Any:
+        return CstcSpec(
+            name=name,
+            label="label",
+            sensors=task.sensors,
+            costs=task.costs,
+            methods=list(methods),
+            lambdas=lambdas,
+            fixed=FIXED_26 if task.key == "letter" else None,
+            seed=seed,
+        )
+
+    return make
+
+
+def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
+    """Build CSTC / CSCC bundles with the real builder, serve them over HTTP with every
+    sensor read from Redis, and compare with the best fixed subset at every budget
+    (``cstc_served.md``); on letter-A, CSCC's and Cronus's cascades are served without the
+    fixed subsets, against each other."""
+    from benchmarks import served
+    from training.bundles.cstc import build_cstc_bundle
+
+    found, skipped = served.tasks(keys)
+    runs = []
+    for task in found:
+        if task.key == "letter-a":
+            for method in ("cscc", "cronus"):
+                runs.append(
+                    served.Run(
+                        task,
+                        f"{method} (cascade alone)",
+                        cstc_spec(task, [method]),
+                        build_cstc_bundle,
+                        {"adaptive_only": True, "variants": (("", None),)},
+                    )
+                )
+            continue
+        methods = ["cstc", "cscc", "root-only"] if task.key == "pima" else ["cstc", "root-only"]
+        runs.append(served.Run(task, "CSTC", cstc_spec(task, methods), build_cstc_bundle))
+    return served.write_report(
+        "cstc",
+        "CSTC / CSCC bundles served over HTTP against the best fixed sensor subset (issue 25)",
+        "CSTC bundle",
+        runs,
+        skipped,
+        out,
+        _balanced_lines,
+    )
+
+
+def _balanced_lines(res: Any) -> list[str]:
+    """Letter 'A': the balanced accuracy at each budget (the offline benchmark's metric)."""
+    from benchmarks.served import balanced
+
+    if res.task.key != "letter-a":
+        return []
+    cells = ", ".join(
+        f"{b:g}: {100 * balanced(res.right[b], res.labels):.2f} % at {res.spent[b].mean():.2f}"
+        for b in res.task.budgets
+    )
+    return [f"Balanced accuracy (budget: served, average spent): {cells}.", ""]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--datasets", default=None)
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="the CSTC bundle served against the best fixed subset (cstc_served.md); "
+        "--datasets picks tasks (letter,miniboone,pima,letter-a)",
+    )
     args = parser.parse_args(argv)
-    chosen = [d for d in args.datasets.split(",") if d]
+    if args.served:
+        picked = args.datasets.split(",") if args.datasets else SERVED_TASKS
+        print(served_main([d for d in picked if d]))
+        return
+    chosen = [d for d in (args.datasets or ",".join(DATASETS)).split(",") if d]
     unknown = [d for d in chosen if d not in RUNNERS]
     if unknown:
         raise SystemExit(f"unknown data sets {unknown}; known: {list(RUNNERS)}")

@@ -1067,10 +1067,67 @@ def write_report(
     return [md, *images.values()]
 
 
+# --------------------------------------------------------------------------------------------
+# Served: the DAG bundle against the best fixed subset (issue 25)
+# --------------------------------------------------------------------------------------------
+
+#: LightGBM for 26 classes is slow on the shared machine: fewer, faster trees, one size.
+FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
+SERVED_TASKS = ("letter", "miniboone", "pima")
+
+
+def dag_spec(task: Any) -> Any:
+    """The DAG spec of a served task, per split seed."""
+    from training.bundles.dag import DagSpec
+
+    def make(name: str, seed: int) -> Any:
+        return DagSpec(
+            name=name,
+            label="label",
+            sensors=task.sensors,
+            costs=task.costs,
+            cost_scales=[0.0, 0.003, 0.01, 0.03, 0.1, 0.3],
+            refine_scales=8,
+            learner="linear" if task.key == "pima" else "gbrt",
+            policy_learner="linear",
+            n_subsets=7 if task.key == "miniboone" else None,
+            folds=3,
+            fixed=FIXED_26 if task.key == "letter" else None,
+            seed=seed,
+        )
+
+    return make
+
+
+def served_main(keys: Sequence[str] = SERVED_TASKS, out_dir: Path | str = DEFAULT_OUT) -> Path:
+    """Build DAG bundles with the real builder, serve them over HTTP with every sensor read
+    from Redis, and compare with the best fixed subset at every budget: ``dag_served.md``."""
+    from benchmarks import served
+    from training.bundles.dag import build_dag_bundle
+
+    found, skipped = served.tasks(keys)
+    runs = [served.Run(task, "DAG", dag_spec(task), build_dag_bundle) for task in found]
+    out = Path(out_dir)
+    return served.write_report(
+        "dag",
+        "DAG bundles served over HTTP against the best fixed sensor subset (issue 25)",
+        "DAG bundle",
+        runs,
+        skipped,
+        out if out.is_absolute() else ROOT / out,
+    )
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="DAG benchmark (writes docs/benchmarks/dag.md)")
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="the DAG bundle served against the best fixed subset (dag_served.md); --only "
+        "picks tasks (letter,miniboone,pima)",
+    )
     parser.add_argument("--only", help="comma-separated data sets: letter,pima,miniboone")
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--save", type=Path, help="also pickle the results to this file")
@@ -1078,7 +1135,9 @@ if __name__ == "__main__":
         "--combine", nargs="+", type=Path, help="write one report from --save files; run nothing"
     )
     args = parser.parse_args()
-    if args.combine:
+    if args.served:
+        print(served_main(args.only.split(",") if args.only else SERVED_TASKS, args.out))
+    elif args.combine:
         paths = combine(args.combine, args.out)
     else:
         paths = main(args.out, args.only.split(",") if args.only else None, args.save)

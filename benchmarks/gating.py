@@ -567,8 +567,128 @@ def main(out: Path = OUT, datasets: Sequence[str] = DATASETS) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------------------------
+# served: the gating bundle against the best fixed subset (issue 25)
+# --------------------------------------------------------------------------------------------
+
+SERVED_TASKS = ("letter-binary", "letter-binary-16", "miniboone", "letter", "pima")
+#: The sweep of the served bundles, cut to fit the shared machine: ADAPT-GBRT and
+#: GreedyMiser (the methods that take grouped sensors), 15 or 20 rounds of 10 trees.
+SERVED_GRID = [
+    {"method": "adapt-gbrt", "p_full": p, "regularisation": lam}
+    for p in (0.1, 0.3)
+    for lam in (1e-3, 1e-2)
+] + [{"method": "greedymiser", "p_full": 0.0, "regularisation": lam} for lam in (1e-3, 1e-2, 0.1)]
+FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
+
+
+def gating_spec(task: Any) -> Any:
+    """The gating spec of a served task, per split seed."""
+    from training.bundles.gating import GatingSpec
+
+    many = task.key == "letter"
+
+    def make(name: str, seed: int) -> Any:
+        return GatingSpec(
+            name=name,
+            label="label",
+            sensors=task.sensors,
+            costs=task.costs,
+            grid=SERVED_GRID,
+            f0="lightgbm" if many else "lightgbm-tuned",
+            gbrt={"n_rounds": 15 if many else 20},
+            fixed=FIXED_26 if many else None,
+            seed=seed,
+        )
+
+    return make
+
+
+def f1_alone(result: Any, point_id: str, x: Any) -> Any:
+    """The served point's f1 alone on rows ``x`` (None: not a gating point with a gate)."""
+    from training.export.gating import system_outputs
+
+    est = result.estimators.get(point_id)
+    if est is None or point_id == "f0":
+        return None
+    proba = system_outputs(est, np.asarray(x, dtype=np.float64))[1]
+    return est.classes_[np.argmax(proba, axis=1)]
+
+
+def routing_lines(res: Any) -> list[str]:
+    """Issue 25's routing goal: a served budget whose point sends >= 5 % of the items on,
+    against its f1 alone on the same rows."""
+    from benchmarks.served import diff_interval
+
+    lines = []
+    for b in res.task.budgets:
+        routed = float(np.mean(res.routed[b]))
+        if routed <= 0:
+            continue
+        if b not in res.f1_right:
+            lines.append(
+                f"* Budget {b:g}: {100 * routed:.1f} % of the answers were routed, by a point "
+                "that is not the same on every split seed (no one f1 to compare with)."
+            )
+            continue
+        d, lo, hi = diff_interval(res.right[b], res.f1_right[b])
+        point = res.points[b].most_common(1)[0][0]
+        lines.append(
+            f"* Budget {b:g}: `{point}` sends {100 * routed:.1f} % of the items on; served "
+            f"{100 * res.accuracy(b):.2f} % against its f1 alone "
+            f"{100 * res.f1_right[b].mean():.2f} % ({100 * d:+.2f} points, "
+            f"95 % CI [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+            + ("; beats f1 alone by more than the interval" if lo > 0 else "")
+            + ")."
+        )
+    met = any(
+        float(np.mean(res.routed[b])) >= 0.05
+        and b in res.f1_right
+        and diff_interval(res.right[b], res.f1_right[b])[1] > 0
+        for b in res.task.budgets
+    )
+    head = (
+        f"Routing goal (≥ 5 % routed at some served budget, beating its f1 alone by more than "
+        f"the interval) on {res.task.key}: **{'met' if met else 'missed'}**."
+    )
+    return [head, "", *(lines or ["* No served budget chose a point that routes."]), ""]
+
+
+def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
+    """Build gating bundles with the real builder, serve them over HTTP with every sensor read
+    from Redis, and compare with the best fixed subset at every budget: ``gating_served.md``."""
+    from benchmarks import served
+    from training.bundles.gating import build_gating_bundle
+
+    found, skipped = served.tasks(keys)
+    runs = [
+        served.Run(task, "gating", gating_spec(task), build_gating_bundle, {"f1_alone": f1_alone})
+        for task in found
+    ]
+    return served.write_report(
+        "gating",
+        "Gating bundles served over HTTP against the best fixed sensor subset (issue 25)",
+        "gating bundle",
+        runs,
+        skipped,
+        out,
+        routing_lines,
+    )
+
+
 if __name__ == "__main__":  # pragma: no cover
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--datasets", default=None)
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="the gating bundle served against the best fixed subset (gating_served.md); "
+        "--datasets picks tasks (letter-binary,letter-binary-16,miniboone,letter,pima)",
+    )
     args = parser.parse_args()
-    print(main(datasets=[d for d in args.datasets.split(",") if d]))
+    if args.served:
+        picked = args.datasets.split(",") if args.datasets else SERVED_TASKS
+        print(served_main([d for d in picked if d]))
+    else:
+        picked = args.datasets.split(",") if args.datasets else DATASETS
+        print(main(datasets=[d for d in picked if d]))

@@ -13,6 +13,7 @@ from it; spread over several files, the one contract would have no single place 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from abc import abstractmethod
@@ -310,6 +311,90 @@ class GreedyStrategy(StrategySpec):
                     )
 
 
+class FixedPoint(_Strict):
+    """The best fixed sensor subset at one cost level (issue 25): a plain pipeline that
+    acquires every feature of ``model`` (cached and given ones free) and answers with it.
+    Tabular strategies carry these next to their adaptive points and choose between all of
+    them by validation accuracy, so a budget never buys less than the best fixed subset the
+    builder found for it."""
+
+    model: str = Field(description="id of a bundle model; its features are the subset")
+    accuracy: float = Field(
+        ge=0,
+        le=1,
+        description="accuracy on the validation rows (the rows every choice is made on; "
+        "the service chooses between points by it)",
+    )
+    learner: str = Field(default="", description="what the model is, for reading")
+
+
+class CappedNumbers(_Strict):
+    """A point's validation numbers when every walk is stopped at ``cap`` (the budget is a
+    per-item hard cap: a walk that would pay more answers where it is). A point lists them
+    at every cap where they change, the last at its longest walk's cost (its own numbers)."""
+
+    cap: float = Field(ge=0)
+    accuracy: float = Field(ge=0, le=1)
+    mean_cost: float = Field(ge=0)
+
+
+def check_caps(caps: Sequence[CappedNumbers], what: str) -> None:
+    if any(a.cap >= b.cap for a, b in itertools.pairwise(caps)):
+        raise ValueError(f"{what}: the caps of `capped` must be strictly increasing")
+
+
+class AdaptiveWithFixed(StrategySpec):
+    """What the tabular adaptive strategies (DAG, gating, CSTC/CSCC) share: the best fixed
+    sensor subsets (``fixed``) and the ``tolerance`` of the budget → point choice. Per request
+    the runtime lists every point (adaptive or fixed) whose cost fits the budget with the
+    validation accuracy it can deliver under it, and serves the most accurate, or, among
+    those within ``tolerance`` of it, the cheapest. A request may send its own tolerance."""
+
+    fixed: list[FixedPoint] = Field(
+        default_factory=list,
+        description="the best fixed sensor subset per cost level (validation Pareto set), "
+        "chosen between with the adaptive points by validation accuracy",
+    )
+    tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="points whose deliverable validation accuracy is within this much of the "
+        "best one the budget affords count as equal, and the cheapest is taken (0: the most "
+        "accurate; a request's 'tolerance' overrides it)",
+    )
+    margin: float = Field(
+        default=0.0,
+        ge=0,
+        description="an adaptive point is ranked against the fixed subsets with this many "
+        "standard errors of the best affordable fixed subset's validation accuracy "
+        "(sqrt(p(1 - p) / validation_rows)) taken off its own: of many adaptive points the "
+        "best on validation is optimistic, so it replaces the fixed pipeline only when it "
+        "beats it by more than the noise (0: by any amount)",
+    )
+    validation_rows: int = Field(
+        default=0, ge=0, description="how many validation rows the accuracies were measured on"
+    )
+
+    @model_validator(mode="after")
+    def _unique_fixed(self) -> AdaptiveWithFixed:
+        models = [p.model for p in self.fixed]
+        if len(set(models)) != len(models):
+            raise ValueError(f"strategy {self.name!r}: a fixed point is listed twice in {models}")
+        return self
+
+    def fixed_models(self) -> set[str]:
+        return {p.model for p in self.fixed}
+
+    def fixed_summary(self) -> dict[str, Any]:
+        return {
+            "tolerance": self.tolerance,
+            "margin": self.margin,
+            "validation_rows": self.validation_rows,
+            "fixed": [p.model_dump() for p in self.fixed],
+        }
+
+
 class DagNode(_Strict):
     """An internal node of a state's filter tree. A child ``>= 0`` is another node's index,
     ``< 0`` the leaf action ``-child - 1`` (0: stop and classify, g + 1: acquire group g).
@@ -345,17 +430,27 @@ class DagPolicy(_Strict):
     """One operating point of the trade-off sweep (sensor cost multiplier)."""
 
     cost_scale: float = Field(ge=0)
-    mean_cost: float = Field(ge=0, description="average acquired cost on held-out data")
-    error: float = Field(ge=0, le=1, description="error rate on held-out data")
+    mean_cost: float = Field(ge=0, description="average acquired cost on the validation rows")
+    error: float = Field(ge=0, le=1, description="error rate on the validation rows")
     file: BundleFile = Field(
         description="ONNX model (relative to the bundle folder, inside it): input 'features' "
         "(1 x sum of the inputs' dims: the acquired "
         "extractors' values in `inputs` order, zeros elsewhere) -> output 'logits' (1 x nodes)"
     )
     states: list[DagState] = Field(min_length=1)
+    capped: list[CappedNumbers] = Field(
+        default_factory=list,
+        description="validation numbers with every walk stopped at each cap (empty: the "
+        "point is an option only where its mean_cost fits, at 1 - error)",
+    )
+
+    @model_validator(mode="after")
+    def _caps(self) -> DagPolicy:
+        check_caps(self.capped, f"DAG policy {self.file!r}")
+        return self
 
 
-class DagStrategy(StrategySpec):
+class DagStrategy(AdaptiveWithFixed):
     """Adaptive sensor acquisition on a DAG of states (paper 000): per item, each state's
     policy decides from the values acquired so far to stop or to acquire a group next."""
 
@@ -419,10 +514,11 @@ class DagStrategy(StrategySpec):
                 }
                 for p in self.policies
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {s.model for p in self.policies for s in p.states}
+        return {s.model for p in self.policies for s in p.states} | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
@@ -438,7 +534,10 @@ class GatePoint(_Strict):
     the item goes on to f0 (``high_model``), whose missing features are computed only then."""
 
     id: str = Field(description="unique within the strategy, e.g. 'adapt-gbrt-p0.3-l0.01'")
-    method: str = Field(description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser")
+    method: str = Field(
+        description="how it was trained: adapt-gbrt, adapt-lin, l1, greedymiser, confidence "
+        "(the gate is f1's top probability: below the point's level the item goes on)"
+    )
     p_full: float = Field(ge=0, le=1, description="the training bound on the fraction sent to f0")
     regularisation: float = Field(ge=0, description="the cost weight (gamma or lambda)")
     gate_file: BundleFile | None = Field(
@@ -453,17 +552,22 @@ class GatePoint(_Strict):
     threshold: float = Field(default=0.0, allow_inf_nan=False)
     low_model: str = Field(description="id of f1 among the bundle's models")
     high_model: str = Field(
-        description="id of f0 among the bundle's models: it reads every feature f1 reads, and "
-        "differs from f1 when there is a gate (both checked when the service loads the bundle)"
+        description="id of the high-cost model among the bundle's models (f0, or a fixed "
+        "subset's model): it differs from f1 when there is a gate (checked when the service "
+        "loads the bundle); the features it reads that g and f1 do not are computed only for "
+        "the items the gate sends on"
     )
-    mean_cost: float = Field(ge=0, description="average feature cost per item on held-out data")
+    mean_cost: float = Field(ge=0, description="average feature cost per validation row")
     fraction_full: float = Field(
         ge=0,
         le=1,
-        description="fraction of held-out items sent to f0; the service's expected cost of the "
-        "point at an item's size is c(g's and f1's features) + fraction_full x c(f0's others)",
+        description="fraction of validation rows sent to the high-cost model; the service's "
+        "expected cost of the point at an item's size is c(g's and f1's features) + "
+        "fraction_full x c(the high-cost model's others)",
     )
-    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the gated system")
+    accuracy: float = Field(
+        ge=0, le=1, description="validation accuracy of the gated system (chosen by)"
+    )
 
     @model_validator(mode="after")
     def _gate(self) -> GatePoint:
@@ -474,7 +578,7 @@ class GatePoint(_Strict):
         return self
 
 
-class GatingStrategy(StrategySpec):
+class GatingStrategy(AdaptiveWithFixed):
     """Adaptive gating between a low-cost and a high-cost model (paper 001: ADAPT-LIN,
     ADAPT-GBRT, the L1 baseline, GreedyMiser). ``points`` is the Pareto set of a (P_full,
     gamma/lambda) sweep; per request the runtime serves the point that delivers the most
@@ -483,14 +587,6 @@ class GatingStrategy(StrategySpec):
     kind: Literal["gating"] = "gating"
     name: str = "gating"
     points: list[GatePoint] = Field(min_length=1)
-    tolerance: float = Field(
-        default=0.0,
-        ge=0,
-        le=1,
-        description="points whose deliverable accuracy is within this much of the best "
-        "affordable one count as equal, and the one with the lowest expected cost is taken "
-        "(e.g. 0.01: within 1 % of the best, as the paper's cost reductions are quoted)",
-    )
 
     @model_validator(mode="after")
     def _unique(self) -> GatingStrategy:
@@ -520,10 +616,12 @@ class GatingStrategy(StrategySpec):
                 }
                 for p in self.points
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {m for p in self.points for m in (p.low_model, p.high_model)}
+        points = {m for p in self.points for m in (p.low_model, p.high_model)}
+        return points | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
@@ -544,8 +642,10 @@ class GatingStrategy(StrategySpec):
 
 class CstcNode(_Strict):
     """A node of a cost-sensitive tree or cascade (paper 003). It reads ``features`` (the
-    cost groups its weights use), answers with ``model`` (a bundle model over exactly those
-    features: its prediction is the node's classifier) and, when it has a child, routes:
+    cost groups its weights use), answers with ``model`` (a bundle model over features in hand
+    when the walk is at the node: its own and its ancestors'; the node's classifier, e.g. the
+    trained linear node over its own features, or boosted trees refit on every feature the
+    path bought) and, when it has a child, routes:
     score = Σ route_weights · (its features' values concatenated in ``features`` order) +
     route_bias, to ``upper`` when score > 0 and to ``lower`` otherwise. A child of None is a
     terminal element: the node's own model answers."""
@@ -556,6 +656,14 @@ class CstcNode(_Strict):
     route_bias: float = Field(default=0.0, allow_inf_nan=False)
     upper: int | None = None
     lower: int | None = None
+    exit_confidence: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="a confidence exit (cascades): the node answers when its model's top "
+        "class probability is at least this, else the walk goes on to its one child; its "
+        "routing weights are then not used",
+    )
 
 
 class CstcPoint(_Strict):
@@ -565,8 +673,8 @@ class CstcPoint(_Strict):
     id: str
     method: str = Field(description="cstc | cscc | cronus | root-only")
     lam: float = Field(ge=0)
-    mean_cost: float = Field(ge=0, description="average cost per item on held-out rows")
-    accuracy: float = Field(ge=0, le=1, description="held-out accuracy of the hard walk")
+    mean_cost: float = Field(ge=0, description="average cost per validation row")
+    accuracy: float = Field(ge=0, le=1, description="validation accuracy of the hard walk")
     nodes: list[CstcNode] = Field(min_length=1)
     feature_rates: dict[str, float] | None = Field(
         default=None,
@@ -574,9 +682,15 @@ class CstcPoint(_Strict):
         "given (bundles whose costs depend on the item's size, e.g. images), the point's "
         "average cost at size n is Σ rate_f · c_f(n) instead of ``mean_cost``",
     )
+    capped: list[CappedNumbers] = Field(
+        default_factory=list,
+        description="validation numbers with every walk stopped at each cap (declared "
+        "costs; empty: the point is an option only where its mean_cost and root fit)",
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> CstcPoint:
+        check_caps(self.capped, f"cstc point {self.id!r}")
         for index, node in enumerate(self.nodes):
             for child in (node.upper, node.lower):
                 if child is not None and not index < child < len(self.nodes):
@@ -585,7 +699,12 @@ class CstcPoint(_Strict):
                         f"must come after its parent and be one of the {len(self.nodes)} nodes"
                     )
             routes = node.upper is not None or node.lower is not None
-            if routes and not node.route_weights and node.features:
+            if node.exit_confidence is not None and (node.upper is None) == (node.lower is None):
+                raise ValueError(
+                    f"cstc point {self.id!r}: node {index} has a confidence exit, so exactly "
+                    "one child (where the walk goes on when the model is not confident)"
+                )
+            if routes and not node.route_weights and node.features and node.exit_confidence is None:
                 raise ValueError(f"cstc point {self.id!r}: node {index} routes without weights")
         if self.feature_rates is not None:
             read = {f for node in self.nodes for f in node.features}
@@ -597,8 +716,17 @@ class CstcPoint(_Strict):
                 )
         return self
 
+    def ancestors_features(self) -> list[set[str]]:
+        """Per node, the features its ancestors read (in hand when the walk reaches it)."""
+        held: list[set[str]] = [set() for _ in self.nodes]
+        for index, node in enumerate(self.nodes):
+            for child in (node.upper, node.lower):
+                if child is not None:
+                    held[child] = held[index] | set(node.features)
+        return held
 
-class CstcStrategy(StrategySpec):
+
+class CstcStrategy(AdaptiveWithFixed):
     """Cost-sensitive trees and cascades of classifiers (paper 003). Per request the budget
     picks the most accurate point whose average cost fits (within ``tolerance``, the
     cheapest); the item walks its nodes, each acquiring only its missing features, with the
@@ -607,7 +735,6 @@ class CstcStrategy(StrategySpec):
     kind: Literal["cstc"] = "cstc"
     name: str = "cstc"
     points: list[CstcPoint] = Field(min_length=1)
-    tolerance: float = Field(default=0.0, ge=0, le=1)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -625,25 +752,32 @@ class CstcStrategy(StrategySpec):
                 }
                 for p in self.points
             ],
+            **self.fixed_summary(),
         }
 
     def referenced_models(self) -> set[str]:
-        return {n.model for p in self.points for n in p.nodes}
+        return {n.model for p in self.points for n in p.nodes} | self.fixed_models()
 
     def check_extractors(
         self, dims: Mapping[str, int], features_of: Mapping[str, set[str]]
     ) -> None:
         for point in self.points:
+            held = point.ancestors_features()
             for index, node in enumerate(point.nodes):
                 where = f"strategy {self.name!r}, point {point.id!r}, node {index}"
                 unknown = [f for f in node.features if f not in dims]
                 if unknown:
                     raise ValueError(f"{where} reads undeclared extractors {unknown}")
-                if node.model in features_of and features_of[node.model] != set(node.features):
-                    raise ValueError(f"{where}: model {node.model!r} reads other features")
+                in_hand = set(node.features) | held[index]
+                if node.model in features_of and not features_of[node.model] <= in_hand:
+                    raise ValueError(
+                        f"{where}: model {node.model!r} reads "
+                        f"{sorted(features_of[node.model] - in_hand)}, which the walk has not "
+                        f"bought when it is at the node (it holds {sorted(in_hand)})"
+                    )
                 width = sum(dims[f] for f in node.features)
                 routes = node.upper is not None or node.lower is not None
-                if routes and len(node.route_weights) != width:
+                if routes and node.exit_confidence is None and len(node.route_weights) != width:
                     raise ValueError(
                         f"{where}: {len(node.route_weights)} route weights for {width} inputs"
                     )

@@ -223,14 +223,16 @@ class PredictHandler:
         *,
         version: str | None = None,
         accounting: str | None = None,
+        tolerance: float | None = None,
         received: float | None = None,
         observe: bool = True,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
         """Answer one request (on ``version`` of ``model``, its newest if None); also
         returns the features to write back to the cache. ``accounting``: ``"deadline"`` or
         ``"work"`` (class docstring; None: the default); ``received``: the
-        ``perf_counter()`` at which the request arrived (None: now); ``observe``: count it
-        in the metrics (not the service's own start-up measurement)."""
+        ``perf_counter()`` at which the request arrived (None: now); ``tolerance``: the
+        strategy's per-request tolerance (tabular adaptive strategies; None: the bundle's);
+        ``observe``: count it in the metrics (not the service's own start-up measurement)."""
         received = time.perf_counter() if received is None else received
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
@@ -241,6 +243,13 @@ class PredictHandler:
             )
         bundle = self.registry.get(model, version)
         runtime = bundle.strategy(strategy)
+        if tolerance is not None:
+            if not (isinstance(tolerance, float | int) and 0 <= tolerance <= 1):
+                raise InvalidRequest(f"'tolerance' must be a number in [0, 1], got {tolerance!r}")
+            try:
+                runtime = runtime.with_options(tolerance=float(tolerance))
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
         measured = bundle.manifest.cost_basis == "measured"
         if measured and budget > self.limits.max_budget_ms:
             raise BudgetTooLarge(float(budget), self.limits.max_budget_ms)

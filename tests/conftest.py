@@ -148,6 +148,10 @@ def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
         costs={"r": 1.0, "a": 5.0, "b": 5.0},
         cost_scales=[0.0, 0.03, 0.3],
+        # the DAG's own walks, as trained (no fixed subsets to compete, the learner's bank):
+        # tests/training/test_fixed_subsets.py covers those
+        bank="learner",
+        fixed=False,
     )
     x, y = make_router_data(2500, seed=2)
     root = tmp_path_factory.mktemp("dag")

@@ -51,6 +51,7 @@ STAGES = {
     "_fit_bank_member": "fitting the classifier bank",
     "_fit_task": "fitting gating configurations",
     "_fit_digits": "fitting cost-sensitive trees",
+    "_fit_fixed_subset": "fitting fixed sensor subsets",
 }
 
 # Where a command's parallel training tasks run (docs/distributed-training.md): declare
@@ -559,6 +560,32 @@ def _build_tabular(
     return spec, result, target
 
 
+def _print_fixed(manifest: Any, unit: str) -> None:
+    """The best fixed sensor subsets a tabular bundle carries beside its adaptive points."""
+    strategy = manifest.strategy()
+    fixed = getattr(strategy, "fixed", [])
+    if not fixed:
+        return
+    cost = {e.name: e.cost(1) for e in manifest.extractors}
+    table = Table(
+        "fixed subset",
+        "cost",
+        "val accuracy",
+        "model",
+        title=f"{manifest.name}: best fixed sensor subsets (costs in {unit}; chosen between "
+        "with the points above by validation accuracy)",
+    )
+    for point in fixed:
+        features = manifest.model(point.model).features
+        table.add_row(
+            "+".join(features) or "(none: the prior)",
+            f"{sum(cost[f] for f in features):g}",
+            f"{point.accuracy:.3f}",
+            point.learner,
+        )
+    console.print(table)
+
+
 @app.command()
 def dag(
     csv_path: CsvOption,
@@ -603,6 +630,7 @@ def dag(
             f"{p['test_error']:.3f}",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
@@ -662,10 +690,11 @@ def gating(
 ) -> None:
     """Build a gating bundle (ADAPT-GBRT, ADAPT-LIN, L1 baseline, GreedyMiser; paper 001).
 
-    The spec names the label column, the features (`sensors`: a list of columns, or one
-    column per sensor), their costs in `unit`, and optionally `methods`, `f0`
-    (lightgbm | random-forest | rbf-svm), an explicit `grid` of {method, p_full,
-    regularisation} and the serving `tolerance`.
+    The spec names the label column, the features (`sensors`: a list of columns, or sensors
+    of one or more columns, each paid once), their costs in `unit`, and optionally `methods`,
+    `f0` (lightgbm | lightgbm-tuned | random-forest | rbf-svm), an explicit `grid` of
+    {method, p_full, regularisation}, `confidence` (f1's confidence as a gate), `fixed` (the
+    fixed-subset search, or false) and the serving `tolerance`.
     """
     from training.bundles.gating import GatingSpec, build_gating_bundle
 
@@ -684,9 +713,10 @@ def gating(
         "operating point",
         "accuracy",
         "average cost",
-        "sent to f0",
-        title=f"{spec.name}: gating points (chosen on validation rows; numbers on "
-        f"test rows, in {spec.unit})",
+        "sent on",
+        "to",
+        title=f"{spec.name}: gating points (chosen and measured on validation rows, in "
+        f"{spec.unit}; test rows: the provenance's sweep)",
     )
     for point in getattr(strategy, "points", []):
         table.add_row(
@@ -694,8 +724,10 @@ def gating(
             f"{point.accuracy:.3f}",
             f"{point.mean_cost:.2f}",
             f"{point.fraction_full:.0%}",
+            point.high_model if point.gate_file else "",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 
@@ -764,6 +796,7 @@ def cstc(
             "yes" if p["id"] in kept else "",
         )
     console.print(table)
+    _print_fixed(result.manifest, spec.unit)
     console.print(f"[bold]{spec.name}[/] {result.manifest.version} written to {target}")
 
 

@@ -128,6 +128,7 @@ async def answer(
             body.strategy,
             version=body.version,
             accounting=body.accounting,
+            tolerance=body.tolerance,
             received=received_at(scope),
         )
     metrics.child(metrics.requests, model=label, status="ok").inc()

@@ -85,6 +85,16 @@ class PredictRequest(BaseModel):
         "under load the answer gets cheaper, not later), 'work' only the work done for it. "
         "Absent: the service's default (BUDGETSERVE_ACCOUNTING, 'deadline')",
     )
+    tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        strict=True,
+        description="tabular adaptive strategies (dag, gating, cstc): serve the cheapest "
+        "point whose validation accuracy is within this much of the best the budget affords "
+        "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422)",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -11,6 +11,7 @@ step, and may override ``predict`` (a gate choosing between models, a tree mixin
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,8 @@ class StrategyRuntime(ABC, Generic[SpecT]):
     ``self.spec`` is that spec, checked by ``kind`` when the runtime is built."""
 
     kind: ClassVar[str]
+    #: What a request may set for itself (:meth:`with_options`): none by default.
+    request_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -199,6 +202,22 @@ class StrategyRuntime(ABC, Generic[SpecT]):
         self.accuracy = {m.id: m.accuracy for m in manifest.models}
         self.model_features = {m.id: tuple(m.features) for m in manifest.models}
         self.setup()
+
+    def with_options(self, **options: Any) -> StrategyRuntime[SpecT]:
+        """This runtime as one request asks for it: a shallow copy with each option set as
+        an attribute (e.g. ``tolerance``: the tabular runtimes' choice of a point). Every
+        option must be one of :attr:`request_options`; ``ValueError`` names the others."""
+        unknown = sorted(set(options) - self.request_options)
+        if unknown:
+            takes = sorted(self.request_options) or "none"
+            raise ValueError(
+                f"strategy {self.name!r} (kind {self.kind!r}) takes no per-request "
+                f"{', '.join(repr(u) for u in unknown)}; it takes: {takes}"
+            )
+        view = copy.copy(self)
+        for name, value in options.items():
+            setattr(view, name, value)
+        return view
 
     def setup(self) -> None:
         """Build what the strategy needs from ``self.spec`` (runs once, at the end of

@@ -1,14 +1,19 @@
 """Cost-sensitive trees and cascades of classifiers (paper 003: CSTC, CSCC, Cronus) as a
 strategy runtime.
 
-A ``cstc`` strategy holds operating points, each a tree (or cascade) of linear nodes. Per
-request the budget picks the most accurate point whose average cost fits (within the
-strategy's ``tolerance``, the cheapest). The item then walks the point's nodes from the
+A ``cstc`` strategy holds operating points, each a tree (or cascade) of nodes with linear
+routing. Per request the budget picks the most accurate point (validation accuracy) whose
+average cost fits, or a best fixed sensor subset of the spec when that is more accurate
+(:mod:`service.strategies.fixed`; within the tolerance, the cheapest). The item then walks
+the point's nodes from the
 root: at each node the runtime acquires the node's features that are not yet in hand
 (cached and given ones are free), computes the node's routing score from the manifest's
 weights (an exactly rounded sum, so the walk is the trained model's to the last bit) and
 goes to the upper child when it is > 0, to the lower one otherwise; a node without that
-child (a terminal element, a cascade's early exit, a leaf) answers with its own model.
+child (a terminal element, a cascade's early exit, a leaf) answers with its own model. A node
+with a confidence exit (``exit_confidence``) answers when its model's top class probability
+reaches that level and otherwise goes on to its one child (the decision's ``scores`` then hold
+those probabilities).
 
 The budget is a hard cap, re-checked before every node: when the next node's missing
 features do not fit in what is left, the walk stops and the node reached last (its
@@ -22,7 +27,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from service.bundle import CstcNode, CstcPoint, CstcStrategy
+import numpy as np
+
+from service.bundle import CstcNode, CstcPoint, CstcStrategy, FixedPoint
 from service.errors import BundleError
 from service.strategies.base import (
     Acquire,
@@ -35,6 +42,7 @@ from service.strategies.base import (
     pareto,
     register_strategy,
 )
+from service.strategies.fixed import FixedPoints, Option, capped_at, pick
 from service.types import FloatVector
 
 
@@ -90,6 +98,16 @@ class CstcSession(Session):
             self.pending = None
             if node.upper is None and node.lower is None:
                 return Answer(node.model)
+            if node.exit_confidence is not None:
+                # A confidence exit: the node's own model decides whether it answers.
+                top = float(np.max(self.runtime.predict(Answer(node.model), in_hand)))
+                self.scores.append(top)
+                if top >= node.exit_confidence:
+                    return Answer(node.model)
+                nxt = node.upper if node.upper is not None else node.lower
+                assert nxt is not None  # one child: checked when the manifest is read
+                self.current = nxt
+                continue
             score = route_score(node, in_hand)
             self.scores.append(score)
             child = node.upper if score > 0 else node.lower
@@ -127,12 +145,15 @@ class CstcSession(Session):
 @register_strategy
 class CstcRuntime(StrategyRuntime[CstcStrategy]):
     kind = "cstc"
+    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         self.points = list(self.spec.points)
         self.by_id = {p.id: p for p in self.points}
         if len(self.by_id) != len(self.points):
             raise BundleError(f"cstc strategy {self.name!r}: duplicate point ids")
+        self.fixed = FixedPoints(self, self.spec.fixed)
+        self.tolerance = float(self.spec.tolerance)
 
     def _root_cost(self, point: CstcPoint, per_feature: Mapping[str, float]) -> float:
         return sum(per_feature[f] for f in point.nodes[0].features)
@@ -145,32 +166,77 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
             return point.mean_cost
         return sum(rate * per_feature[f] for f, rate in point.feature_rates.items())
 
-    def choose(self, per_feature: Mapping[str, float], budget: float) -> CstcPoint:
-        """The most accurate point whose average cost (and root) fits the budget, within
+    def options(
+        self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
+    ) -> list[Option[CstcPoint | FixedPoint]]:
+        """Every point whose average cost (and root) fits the budget, with its validation
+        accuracy, and every fixed subset whose missing features fit."""
+        out: list[Option[CstcPoint | FixedPoint]] = []
+        for p in self.points:
+            if p.capped:
+                # the budget is a per-item hard cap: the point's numbers with every walk
+                # stopped there (features in hand are not priced in: a lower bound)
+                at = capped_at(p.capped, budget)
+                if at is not None:
+                    out.append(Option(at.mean_cost, at.accuracy, p))
+            elif affordable(self.mean_cost(p, per_feature), budget, budget) and affordable(
+                self._root_cost(p, per_feature), budget, budget
+            ):
+                out.append(Option(self.mean_cost(p, per_feature), p.accuracy, p))
+        out.extend(self.fixed.options(per_feature, budget, in_hand))
+        return out
+
+    def choose(
+        self,
+        per_feature: Mapping[str, float],
+        budget: float,
+        in_hand: frozenset[str] = frozenset(),
+    ) -> CstcPoint | FixedPoint:
+        """The most accurate (validation) point or fixed subset that fits the budget, within
         ``tolerance`` the cheapest; the cheapest point when none fits."""
-        fits = [
-            p
-            for p in self.points
-            if affordable(self.mean_cost(p, per_feature), budget, budget)
-            and affordable(self._root_cost(p, per_feature), budget, budget)
-        ]
-        if not fits:
-            return min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
-        best = max(p.accuracy for p in fits)
-        near = [p for p in fits if p.accuracy >= best - float(self.spec.tolerance) - 1e-12]
-        return min(near, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
+        return self._choose(per_feature, budget, in_hand).entry
+
+    def _choose(
+        self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
+    ) -> Option[CstcPoint | FixedPoint]:
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
+        if chosen is None:
+            cheapest = min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))
+            return Option(self.mean_cost(cheapest, per_feature), cheapest.accuracy, cheapest)
+        return chosen
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        return CstcSession(self, self.choose(per_feature, budget), per_feature)
+        chosen = self._choose(per_feature, budget, in_hand)
+        if isinstance(chosen.entry, FixedPoint):
+            cost = self.fixed.cost(chosen.entry, per_feature, in_hand)
+            return self.fixed.session(chosen.entry, per_feature, cost)
+        session = CstcSession(self, chosen.entry, per_feature)
+        if chosen.entry.capped:
+            session.planned, session.expected_accuracy = chosen.cost, chosen.accuracy
+        return session
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
         per_feature = self.costs.at(size)
-        return pareto((self.mean_cost(p, per_feature), p.accuracy, p.id) for p in self.points)
+        none: frozenset[str] = frozenset()
+        fixed = [
+            (self.fixed.cost(f, per_feature, none), f.accuracy, f.model) for f in self.fixed.points
+        ]
+        return pareto(
+            [(self.mean_cost(p, per_feature), p.accuracy, p.id) for p in self.points] + fixed
+        )
 
     def skyline_features(self, entry: str) -> list[str]:
+        if entry not in self.by_id:
+            return list(self.model_features[entry])
         point = self.by_id[entry]
         return sorted({f for n in point.nodes for f in n.features})
 
     def answerable(self) -> list[str]:
-        return sorted({n.model for p in self.points for n in p.nodes})
+        nodes = {n.model for p in self.points for n in p.nodes}
+        return sorted(nodes | set(self.fixed.models()))

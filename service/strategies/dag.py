@@ -2,8 +2,11 @@
 
 Each state (a set of acquired groups) has a classifier and a policy: a filter tree whose
 internal nodes are linear decisions on the values acquired so far. Per request the runtime
-picks the most accurate operating point of the trade-off sweep whose average cost fits the
-budget, then walks the DAG from the empty state: the policy chooses to stop and classify or
+picks, by validation accuracy, among the operating points of the trade-off sweep whose
+average cost fits the budget and the best fixed sensor subsets that fit
+(:mod:`service.strategies.fixed`; within the tolerance, the cheapest). A fixed subset is
+served as a plain pipeline; an operating point walks the DAG from the empty state: the
+policy chooses to stop and classify or
 to acquire a group; groups are acquired through the extractor plugins (cached ones cost
 nothing) and the budget is a hard cap — an acquisition that does not fit what is left stops
 the walk and the current state's classifier answers.
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from service.bundle import DagPolicy, DagStrategy
+from service.bundle import DagPolicy, DagStrategy, FixedPoint
 from service.errors import BundleError
 from service.inference import open_onnx
 from service.strategies.base import (
@@ -28,6 +31,7 @@ from service.strategies.base import (
     affordable,
     register_strategy,
 )
+from service.strategies.fixed import FixedPoints, Option, capped_at, pick
 from service.types import FloatVector
 
 
@@ -162,6 +166,7 @@ class DagSession(Session):
 @register_strategy
 class DagRuntime(StrategyRuntime[DagStrategy]):
     kind = "dag"
+    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         spec = self.spec
@@ -179,6 +184,8 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
             (_Policy(p, self) for p in spec.policies),
             key=lambda p: (p.spec.mean_cost, p.spec.error),
         )
+        self.fixed = FixedPoints(self, spec.fixed)
+        self.tolerance = float(spec.tolerance)
 
     def input_vector(self, features: Any) -> FloatVector:
         x = np.zeros(self.input_width, dtype=np.float32)
@@ -195,19 +202,57 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
                 out.extend(f for f in group if f not in out)
         return out
 
-    def choose(self, budget: float) -> _Policy:
-        """The most accurate operating point whose average cost fits ``budget``."""
-        fitting = [p for p in self.policies if p.spec.mean_cost <= budget]
-        if not fitting:
-            return self.policies[0]
-        return min(fitting, key=lambda p: (p.spec.error, p.spec.mean_cost))
+    def options(
+        self, per_feature: dict[str, float], budget: float, in_hand: frozenset[str]
+    ) -> list[Option[_Policy | FixedPoint]]:
+        """Every operating point whose average cost fits ``budget`` (cached sensors cost
+        nothing: a point that would buy them is affordable with that much more budget; the
+        walk's hard cap still holds the real budget), with its validation accuracy, and every
+        fixed subset whose missing sensors fit."""
+        free = sum(per_feature[f] for f in in_hand if f in per_feature)
+        out: list[Option[_Policy | FixedPoint]] = []
+        for p in self.policies:
+            if p.spec.capped:
+                # the budget is a per-item hard cap: the point's numbers with every walk
+                # stopped there (cached sensors free: that much more cap)
+                at = capped_at(p.spec.capped, budget + free)
+                if at is not None:
+                    out.append(Option(max(at.mean_cost - free, 0.0), at.accuracy, p))
+            elif affordable(p.spec.mean_cost, budget + free, budget):
+                out.append(Option(max(p.spec.mean_cost - free, 0.0), 1.0 - p.spec.error, p))
+        out.extend(self.fixed.options(per_feature, budget, in_hand))
+        return out
+
+    def choose(
+        self, budget: float, in_hand: frozenset[str] = frozenset(), size: int = 1
+    ) -> _Policy | FixedPoint:
+        """The point to serve with ``budget``: the most accurate on the validation rows among
+        the operating points and fixed subsets that fit (within ``tolerance`` of it, the
+        cheapest); the cheapest operating point when none fits."""
+        chosen = pick(
+            self.options(self.costs.at(size), budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
+        return self.policies[0] if chosen is None else chosen.entry
 
     def answerable(self) -> list[str]:
-        return sorted({s.model for p in self.policies for s in p.spec.states})
+        states = {s.model for p in self.policies for s in p.spec.states}
+        return sorted(states | set(self.fixed.models()))
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        # Cached sensors cost nothing: an operating point that would buy them is affordable
-        # with that much more budget (the walk's hard cap still holds the real budget).
-        free = sum(per_feature[f] for f in in_hand if f in per_feature)
-        return DagSession(self, self.choose(budget + free), per_feature)
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
+        if chosen is None:
+            return DagSession(self, self.policies[0], per_feature)
+        if isinstance(chosen.entry, FixedPoint):
+            return self.fixed.session(chosen.entry, per_feature, chosen.cost)
+        session = DagSession(self, chosen.entry, per_feature)
+        session.planned, session.expected_accuracy = chosen.cost, chosen.accuracy
+        return session

@@ -2,10 +2,11 @@
 ADAPT-GBRT, the L1 baseline, GreedyMiser) as a strategy runtime.
 
 A bundle's gating strategy holds operating points, each a gate g, a low-cost model f1 and the
-high-cost model f0. Per request the runtime takes the point that delivers the most accuracy
-under the budget as a hard cap (within the strategy's ``tolerance``, the cheapest on average;
-see :meth:`GatingRuntime.choose`), where a point that can also pay f0's features is worth its
-gated accuracy at
+high-cost model (f0, or a fixed subset's model). Per request the runtime takes the point
+that delivers the most validation accuracy under the budget as a hard cap (within the
+tolerance, the cheapest on average; see :meth:`GatingRuntime.choose`), the best fixed sensor
+subsets of the spec competing with the gating points (:mod:`service.strategies.fixed`), where
+a point that can also pay the high-cost model's features is worth its gated accuracy at
 
     expected cost = c(g's ∪ f1's features) + fraction_full · c(f0's features not among them)
 
@@ -26,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import GatePoint, GatingStrategy
+from service.bundle import FixedPoint, GatePoint, GatingStrategy
 from service.errors import BundleError
 from service.inference import open_onnx
 from service.strategies.base import (
@@ -40,6 +41,7 @@ from service.strategies.base import (
     pareto,
     register_strategy,
 )
+from service.strategies.fixed import FixedPoints, Option, pick
 from service.types import FloatVector
 
 
@@ -54,14 +56,10 @@ class _Point:
         what = f"gating strategy {runtime.name!r}, point {spec.id!r}"
         low = runtime.model_features[self.low]
         high = runtime.model_features[self.high]
-        if not set(low) <= set(high):
-            raise BundleError(
-                f"{what}: the high-cost model {self.high!r} does not read every feature of the "
-                f"low-cost model {self.low!r} ({sorted(set(low) - set(high))} missing)"
-            )
         if spec.gate_file is not None and self.low == self.high:
             raise BundleError(f"{what}: the gate chooses between {self.low!r} and itself")
-        # Stage 1: g's features, then f1's (computed for every item); stage 2: f0's rest.
+        # Stage 1: g's features, then f1's (computed for every item); stage 2: the rest of
+        # the high-cost model's (f0, or a fixed subset's model).
         self.first = tuple(dict.fromkeys([*spec.gate_features, *low]))
         self.extra = tuple(f for f in high if f not in self.first)
         self.session: ort.InferenceSession | None = None
@@ -212,46 +210,62 @@ class GatingSession(Session):
 @register_strategy
 class GatingRuntime(StrategyRuntime[GatingStrategy]):
     kind = "gating"
+    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         spec = self.spec
         self.points = [_Point(p, self) for p in spec.points]
         self.by_id = {p.spec.id: p for p in self.points}
+        self.fixed = FixedPoints(self, spec.fixed)
+        self.tolerance = float(spec.tolerance)
 
-    def choose(
+    def options(
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
-    ) -> tuple[_Point, float, float]:
-        """The point to serve with ``budget``, with its expected cost and the accuracy it can
-        deliver under that budget as a hard cap.
+    ) -> list[Option[_Point | FixedPoint]]:
+        """Every point the budget can serve, with its expected cost and the validation
+        accuracy it delivers under the budget as a hard cap, and every fixed subset that fits.
 
-        A point delivers its held-out (gated) accuracy only when the budget also covers f0's
-        missing features for the items its gate routes; when it covers g's and f1's features
-        only, routed items are answered by f1, so the point is worth its f1's accuracy at
-        the cost of g's and f1's features. Among the affordable points, those within
-        ``tolerance`` of the best deliverable accuracy are equal and the cheapest (expected
-        cost) wins; when none is affordable, the cheapest point (the session then answers
-        with the best model computable from what it could buy)."""
-        tolerance = float(self.spec.tolerance)
-        options: list[tuple[_Point, float, float]] = []
+        A point delivers its (gated) accuracy only when the budget also covers the high-cost
+        model's missing features for the items its gate routes; when it covers g's and f1's
+        features only, routed items are answered by f1, so the point is worth its f1's
+        accuracy at the cost of g's and f1's features."""
+        out: list[Option[_Point | FixedPoint]] = []
         for p in self.points:
             first = sum(per_feature[f] for f in p.first if f not in in_hand)
             extra = sum(per_feature[f] for f in p.extra if f not in in_hand)
             if affordable(first + extra, budget, budget):
-                options.append((p, first + p.spec.fraction_full * extra, p.spec.accuracy))
+                out.append(Option(first + p.spec.fraction_full * extra, p.spec.accuracy, p))
             elif affordable(first, budget, budget):
-                options.append((p, first, self.accuracy[p.low]))
-        if not options:
+                out.append(Option(first, self.accuracy[p.low], p))
+        out.extend(self.fixed.options(per_feature, budget, in_hand))
+        return out
+
+    def choose(
+        self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
+    ) -> tuple[_Point | FixedPoint, float, float]:
+        """The point to serve with ``budget`` (a gating point or a fixed subset), with its
+        expected cost and the validation accuracy it can deliver under that budget: among
+        the options, those within ``tolerance`` of the best are equal and the cheapest
+        (expected cost) wins; when none is affordable, the cheapest gating point (the session
+        then answers with the best model computable from what it could buy)."""
+        chosen = pick(
+            self.options(per_feature, budget, in_hand),
+            self.tolerance,
+            self.spec.margin,
+            self.spec.validation_rows,
+        )
+        if chosen is None:
             cheapest = min(
                 self.points, key=lambda p: (p.expected_cost(per_feature, in_hand), -p.spec.accuracy)
             )
             return cheapest, cheapest.expected_cost(per_feature, in_hand), 0.0
-        best = max(acc for _, _, acc in options)
-        near = [o for o in options if o[2] >= best - tolerance - 1e-12]
-        return min(near, key=lambda o: (o[1], -o[2]))
+        return chosen.entry, chosen.cost, chosen.accuracy
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
         point, planned, deliverable = self.choose(per_feature, budget, in_hand)
+        if isinstance(point, FixedPoint):
+            return self.fixed.session(point, per_feature, planned)
         session = GatingSession(self, point, per_feature, planned)
         if deliverable < point.spec.accuracy and point.low != point.high:
             # f0's features would not fit for the items the gate routes: the point is worth
@@ -260,17 +274,25 @@ class GatingRuntime(StrategyRuntime[GatingStrategy]):
         return session
 
     def skyline(self, size: int) -> list[tuple[float, float, str]]:
-        """(expected cost at ``size``, held-out accuracy, point id) of the points worth their
-        cost."""
+        """(expected cost at ``size``, validation accuracy, point id or fixed model id) of the
+        points worth their cost."""
         per_feature = self.costs.at(size)
-        return pareto(
-            (p.expected_cost(per_feature, frozenset()), p.spec.accuracy, p.spec.id)
-            for p in self.points
-        )
+        none: frozenset[str] = frozenset()
+        points = [
+            (p.expected_cost(per_feature, none), p.spec.accuracy, p.spec.id) for p in self.points
+        ]
+        fixed = [
+            (self.fixed.cost(f, per_feature, none), f.accuracy, f.model) for f in self.fixed.points
+        ]
+        return pareto(points + fixed)
 
     def skyline_features(self, entry: str) -> list[str]:
-        """A point's features computed for every item: g's and f1's."""
-        return list(self.by_id[entry].first)
+        """A point's features computed for every item: g's and f1's (a fixed subset's: its
+        model's)."""
+        if entry in self.by_id:
+            return list(self.by_id[entry].first)
+        return list(self.model_features[entry])
 
     def answerable(self) -> list[str]:
-        return sorted({m for p in self.points for m in (p.low, p.high)})
+        points = {m for p in self.points for m in (p.low, p.high)}
+        return sorted(points | set(self.fixed.models()))

@@ -4,6 +4,7 @@ trained model's (path, features acquired per node, cost, prediction) on held-out
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,9 +15,9 @@ from service.bundle import CstcStrategy
 from service.cache import InProcessCache
 from service.http import create_app
 from service.settings import Settings
-from tests.support.cstc_bundle import COLUMNS, SENSORS, build
+from tests.support.cstc_bundle import COLUMNS, COSTS, SENSORS, build
 from tests.support.sensor_store import SensorStore, StoreClient
-from training.bundles.cstc import CstcBuildResult
+from training.bundles.cstc import CstcBuildResult, cascade_order, exit_answers
 
 pytestmark = pytest.mark.redis
 
@@ -194,3 +195,74 @@ def test_points_are_priced_on_validation_rows_never_test(built: CstcBuildResult)
     assert any(row["validation_accuracy"] != row["test_accuracy"] for row in sweep.values()), (
         "validation and test agree everywhere: this check could not tell them apart"
     )
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> CstcBuildResult:
+    return build(tmp_path_factory.mktemp("cstc-tuned") / "tuned", tuned=True)
+
+
+def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
+    tuned: CstcBuildResult, redis_url: str
+) -> None:
+    """With node_models: tuned each node answers with the fixed-subset model of every sensor
+    its path bought: served (each point pinned alone) the walk is the trained tree's and the
+    answer the refit node model's; and the default strategy serves, at a budget covering
+    everything, the most accurate point on validation among the points and fixed subsets."""
+    from service.bundle import write_manifest
+
+    manifest = tuned.manifest
+    spec = manifest.strategy("cstc")
+    assert isinstance(spec, CstcStrategy) and spec.fixed
+    for point in spec.points:
+        held = point.ancestors_features()
+        for k, node in enumerate(point.nodes):
+            model = manifest.model(node.model)
+            assert set(model.features) == set(node.features) | held[k], (point.id, k)
+    pinned = [
+        spec.model_copy(update={"name": f"only-{p.id}", "points": [p], "fixed": []})
+        for p in spec.points
+    ]
+    write_manifest(tuned.path, manifest.model_copy(update={"strategies": [spec, *pinned]}))
+    store = SensorStore(redis_url, COLUMNS)
+    settings = Settings(
+        models_dir=tuned.path.parent, sensor_sources={"tuned": {"*": store.source()}}
+    )
+    assert tuned.test_rows is not None
+    X_test, _ = tuned.test_rows
+    classes = np.asarray(manifest.classes)
+    exits = 0
+    with StoreClient(create_app(settings, cache=InProcessCache(1 << 20))) as client:
+        for point in spec.points:
+            est, fits = tuned.estimators[point.id], tuned.node_fits[point.id]
+            for i, row in enumerate(X_test[:15]):
+                body = {
+                    "model": "tuned",
+                    "strategy": f"only-{point.id}",
+                    "item": store.item(row, f"{point.id}/{i}"),
+                    "budget": 1000.0,
+                }
+                answer = client.post("/predict", json=body).json()
+                level = point.nodes[0].exit_confidence
+                if level is None:
+                    walk = est.walk(row.reshape(1, -1))[0]
+                    path, end = walk.path, walk.node
+                else:  # a cascade with confidence exits: it leaves where its model is sure
+                    exits += 1
+                    costs = [COSTS[s] for s in SENSORS]
+                    end = int(exit_answers(est, fits, level, row.reshape(1, -1), costs)[2][0])
+                    order = cascade_order(est)
+                    path = order[: order.index(end) + 1]
+                assert answer["decision"]["nodes"] == path, (point.id, i)
+                want = classes[np.argmax(fits[end].predict_proba(row.reshape(1, -1))[0])]
+                assert answer["prediction"] == want, (point.id, i)
+        body = {"model": "tuned", "item": store.item(X_test[0], "best"), "budget": 1000.0}
+        served = client.post("/predict", json=body).json()["decision"]["point"]
+    # adaptive points are ranked `margin` standard errors of the best fixed subset down
+    best_fixed = max(f.accuracy for f in spec.fixed)
+    down = spec.margin * math.sqrt(best_fixed * (1 - best_fixed) / spec.validation_rows)
+    ranks = {p.id: p.accuracy - down for p in spec.points} | {
+        f.model: f.accuracy for f in spec.fixed
+    }
+    assert ranks[served] == pytest.approx(max(ranks.values()))
+    assert exits, "a cascade with confidence exits is among the points served"

@@ -339,10 +339,6 @@ def _gate0(manifest: dict[str, Any]) -> dict[str, Any]:
     return point
 
 
-def _swap_models(m: dict[str, Any], _: Path) -> None:
-    _gate0(m).update(low_model=HIGH, high_model=LOW)
-
-
 def _same_models(m: dict[str, Any], _: Path) -> None:
     _gate0(m).update(low_model=HIGH, high_model=HIGH)
 
@@ -359,10 +355,9 @@ def _same_models(m: dict[str, Any], _: Path) -> None:
             lambda m, d: (d / GATE_FILE).write_bytes(linear_gate([1.0], 0.0, outputs=2)),
             "outputs shape (1, 2), expected (1, 1)",
         ),
-        (_swap_models, "does not read every feature of the low-cost model"),
         (_same_models, "chooses between 'a+b+c+g' and itself"),
     ],
-    ids=["gate-width", "gate-missing", "gate-outputs", "high-lacks-low", "same-models"],
+    ids=["gate-width", "gate-missing", "gate-outputs", "same-models"],
 )
 def test_broken_gates_fail_loading_with_a_clear_reason(
     gating_bundle_dir: Path,
@@ -444,3 +439,50 @@ def test_partial_items_without_a_source_name_the_feature_the_gate_wants(
             if routed:
                 assert "BUDGETSERVE_SENSOR_SOURCES" in body["unavailable"]["b"]
     assert 0 < routed_count < len(x)
+
+
+def test_a_request_sends_its_own_tolerance_and_bad_ones_are_422(
+    client: StoreClient, manifest: Manifest
+) -> None:
+    """The same choice as a manifest's tolerance (the test above), asked per request of the
+    unchanged bundle; a strategy that takes no tolerance, or a tolerance outside [0, 1],
+    is a 422 that says so."""
+    spec = manifest.strategy("gating")
+    assert isinstance(spec, GatingStrategy)
+    x, _ = make_gating_data(6, seed=17)
+    for tolerance, point in ((0.0, "full"), (0.02, "gate-0"), (0.2, "gate-1"), (0.5, "low")):
+        for i, row in enumerate(x):
+            body = {
+                "model": "gating",
+                "item": client.store.item(row, f"tol-{tolerance}-{i}"),
+                "budget": 50.0,
+                "tolerance": tolerance,
+            }
+            r = client.post("/predict", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["decision"]["point"] == point, (tolerance, r.json()["decision"])
+    # the bundle's own tolerance is untouched by the requests
+    default = predict(client, x[0], budget=50.0)["decision"]["point"]
+    assert default == best_point(manifest, 50.0)
+    bad: list[tuple[object, str]] = [(1.5, "less than or equal to 1"), ("0.1", "valid number")]
+    for wrong, says in bad:
+        r = client.post(
+            "/predict",
+            json={"model": "gating", "item": {"id": "t"}, "budget": 5.0, "tolerance": wrong},
+        )
+        assert r.status_code == 422 and says in r.text, r.text
+
+
+def test_a_strategy_without_a_tolerance_refuses_one(tiny_bundle_dir: Path) -> None:
+    from tests.conftest import digit_image, png_b64
+
+    settings = Settings(models_dir=tiny_bundle_dir.parent)
+    with TestClient(create_app(settings, cache=InProcessCache(1 << 20))) as c:
+        item = {"png_base64": png_b64(digit_image(3, 32))}
+        r = c.post(
+            "/predict", json={"model": "tiny", "item": item, "budget": 5.0, "tolerance": 0.1}
+        )
+        assert r.status_code == 422, r.text
+        assert "takes no per-request 'tolerance'" in r.json()["error"]["message"]
+        r = c.post("/predict", json={"model": "tiny", "item": item, "budget": 5.0})
+        assert r.status_code == 200, r.text

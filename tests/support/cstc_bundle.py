@@ -23,15 +23,22 @@ def make_data(n: int = 900, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def build(out: Path, methods: list[str] | None = None) -> CstcBuildResult:
+def build(out: Path, methods: list[str] | None = None, *, tuned: bool = False) -> CstcBuildResult:
+    """Linear nodes and no fixed points (the trained walk and nodes as they are), unless
+    ``tuned``: refit nodes, a cascade with confidence exits and fixed points, with a small
+    search and every point kept (not only the validation Pareto set)."""
     X, y = make_data()
     spec = CstcSpec(
         name=out.name,
         label="label",
         sensors=dict(SENSORS),
         costs=dict(COSTS),
-        methods=methods or ["cstc", "cscc", "root-only"],
-        lambdas=[0.03, 0.1, 0.3],
+        methods=methods or (["cstc", "cscc"] if tuned else ["cstc", "cscc", "root-only"]),
+        lambdas=[0.03, 0.1] if tuned else [0.03, 0.1, 0.3],
         depth=3,
+        node_models="tuned" if tuned else "linear",
+        fixed={"num_leaves": [7], "max_trees": 60, "patience": 15} if tuned else False,
+        exit_levels=[0.8],
+        pareto=not tuned,
     )
     return build_cstc_bundle(out, spec, X, y, COLUMNS)

@@ -6,40 +6,57 @@ Each sensor is a cost group (its columns are read together, at its declared cost
 bundle ships, and why: a node's *routing* (its weights on its sensors' values and its bias)
 is a manifest array, so the service computes the score with the same exactly rounded sum as
 the estimator and takes the same branch to the last bit, and the walk can be read and
-audited in the manifest; a node's *prediction* (softmax(κ·(xW + b)), the node's classifier)
-is an ONNX graph, one bundle model per node, so answers go through the same inference path
-as every other strategy (a node without features is a prior). Values are rounded to float32
-before training, as the sensor extractor serves them.
+audited in the manifest; a node's *prediction* is an ONNX graph, so answers go through the
+same inference path as every other strategy: with ``node_models: tuned`` (the default) the
+fixed-subset model of every sensor the walk has bought at the node (LightGBM or logistic
+regression tuned on validation rows, :mod:`training.fixed_subsets`; shared by every node with
+the same sensors in hand), with ``linear`` the node's own classifier softmax(κ·(xW + b)), one
+bundle model per node (a node without features is a prior). Beside the points the bundle
+carries the best fixed sensor subsets. Values are rounded to float32 before training, as the
+sensor extractor serves them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import onnxruntime as ort
 
-from service.bundle import CstcNode, CstcPoint, CstcStrategy, Manifest, ModelSpec, write_manifest
-from training.bundles.writer import bundle_version, provenance, staging
+from service.bundle import CstcPoint, CstcStrategy, Manifest, ModelSpec, write_manifest
+from training.bundles.writer import bundle_version, capped_numbers, provenance, staging
 from training.cstc import CSTCClassifier
-from training.cstc.estimator import ExportNode, softmax
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
-from training.export.gating import linear_softmax_onnx
+from training.export.cstc import CstcExportMismatch, export_point, node_probabilities
+from training.export.fixed import export_fixed
+from training.fixed_subsets import (
+    FixedSubsets,
+    SubsetFit,
+    WithFixedSubsets,
+    fixed_summary,
+)
+
+__all__ = ["CstcExportMismatch", "CstcSpec", "build_cstc_bundle"]
 
 METHODS = ("cstc", "cscc", "cronus", "root-only")
 
 
-class CstcExportMismatch(RuntimeError):
-    """An exported node disagrees with the fitted one."""
+#: What answers at a node: the trained linear node, or the node's path refit (``tuned``).
+NODE_MODELS = ("tuned", "linear")
 
 
 @dataclass
-class CstcSpec(TabularSpec):
-    """``budgetserve-train cstc`` reads this beside the CSV."""
+class CstcSpec(WithFixedSubsets, TabularSpec):
+    """``budgetserve-train cstc`` reads this beside the CSV. ``node_models: tuned`` (the
+    default) answers at each node with the fixed-subset model of every sensor the walk has
+    bought when it is there (the node's and its ancestors'; LightGBM or logistic regression,
+    chosen on the validation rows, :mod:`training.fixed_subsets`): the tree's routing and
+    costs are CSTC's, its answers non-linear; ``linear``: the trained linear node itself.
+    ``fixed``: the fixed-subset search (false: no fixed points, and linear nodes)."""
 
     methods: list[str] | None = None  # default: ["cstc", "root-only"]; cascade: ["cscc", ...]
     cascade: bool = False
@@ -51,6 +68,8 @@ class CstcSpec(TabularSpec):
     class_weight: str | None = None
     tolerance: float = 0.0
     pareto: bool = True
+    node_models: str = "tuned"
+    exit_levels: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95, 0.99])
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
@@ -76,6 +95,21 @@ class CstcSpec(TabularSpec):
             raise ValueError(f"sharpness must be a number > 0, got {self.sharpness!r}")
         if self.class_weight not in (None, "balanced"):
             raise ValueError(f"class_weight must be null or 'balanced', got {self.class_weight!r}")
+        if self.node_models not in NODE_MODELS:
+            raise ValueError(
+                f"node_models must be one of {list(NODE_MODELS)}, got {self.node_models!r}"
+            )
+        if not isinstance(self.exit_levels, list) or any(
+            isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1
+            for v in self.exit_levels
+        ):
+            raise ValueError(
+                f"exit_levels must be a list of numbers in (0, 1], got {self.exit_levels!r}"
+            )
+        if self.node_models == "tuned" and self.fixed_search() is None:
+            raise ValueError(
+                "node_models: tuned refits the nodes as fixed subsets: it needs `fixed`"
+            )
 
 
 @dataclass(frozen=True)
@@ -152,19 +186,137 @@ class CstcBuildResult:
     points: list[dict[str, Any]]
     estimators: dict[str, CSTCClassifier] = field(default_factory=dict)
     test_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]] | None = None
+    fixed: list[SubsetFit] = field(default_factory=list)  # the bundle's fixed points
+    node_fits: dict[str, list[SubsetFit]] = field(default_factory=dict)  # point -> per node
 
 
-def node_inputs(
-    node: ExportNode, groups: list[list[int]], d: int
-) -> tuple[list[int], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """A node's input columns (its sensors' columns, sensor order), its prediction weights
-    and routing weights over them."""
-    W = np.zeros((d, node.b.shape[0]))
-    r = np.zeros(d)
-    W[list(node.columns)] = node.W
-    r[list(node.columns)] = node.route_w
-    cols = [c for g in node.groups for c in groups[g]]
-    return cols, W[cols], r[cols]
+def held_sensors(est: CSTCClassifier, names: list[str]) -> list[tuple[str, ...]]:
+    """Per node of a fitted tree, the sensors in hand when the walk is there: its own and its
+    ancestors' (declaration order)."""
+    return [tuple(names[g] for g in sorted(h)) for h in _held_groups(est)]
+
+
+def _answers(
+    est: CSTCClassifier,
+    X: npt.NDArray[np.float64],
+    node_fits: list[SubsetFit] | None,
+) -> tuple[npt.NDArray[Any], float]:
+    """Each row's prediction by the node its walk ends at (the node's refit model when
+    ``node_fits`` is given, else the linear node) and the average cost."""
+    walks = est.walk(X)
+    cost = float(np.mean([w.cost for w in walks])) if walks else 0.0
+    if node_fits is None:
+        return np.asarray(est.predict(X)), cost
+    ends = np.asarray([w.node for w in walks], dtype=np.int64)
+    pred = np.empty(len(X), dtype=np.int64)
+    for k in np.unique(ends):
+        rows = np.flatnonzero(ends == k)
+        pred[rows] = np.argmax(node_fits[int(k)].predict_proba(X[rows]), axis=1)
+    return np.asarray(est.classes_[pred]), cost
+
+
+def cascade_order(est: CSTCClassifier) -> list[int]:
+    """A cascade's nodes from the root, each followed by its one child (empty for a node
+    that has two: a tree)."""
+    order, k = [0], 0
+    while True:
+        node = est.export_nodes_[k]
+        children = [c for c in (node.upper, node.lower) if c is not None]
+        if not children:
+            return order
+        if len(children) > 1:
+            return []
+        k = children[0]
+        order.append(k)
+
+
+def exit_answers(
+    est: CSTCClassifier,
+    node_fits: list[SubsetFit],
+    level: float,
+    X: npt.NDArray[np.float64],
+    group_costs: list[float],
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """A cascade with confidence exits (``exit_confidence``): each row walks its stages and
+    leaves at the first whose node model's top class probability reaches ``level`` (or at
+    the last). Predictions, each row's cost (the sensors bought up to there) and the node it
+    left at."""
+    order = cascade_order(est)
+    n = len(X)
+    left = np.full(n, -1, dtype=np.int64)
+    pred = np.zeros(n, dtype=np.int64)
+    held: set[int] = set()
+    cost = np.zeros(n)
+    for position, k in enumerate(order):
+        held |= set(est.export_nodes_[k].groups)
+        open_rows = np.flatnonzero(left < 0)
+        if open_rows.size == 0:
+            break
+        proba = node_fits[k].predict_proba(X[open_rows])
+        leave = (np.max(proba, axis=1) >= level) | (position == len(order) - 1)
+        rows = open_rows[leave]
+        left[rows] = k
+        pred[rows] = np.argmax(proba[leave], axis=1)
+        cost[rows] = sum(group_costs[g] for g in held)
+    return np.asarray(est.classes_[pred]), cost, left
+
+
+def capped_point(
+    est: CSTCClassifier,
+    node_fits: list[SubsetFit] | None,
+    level: float | None,
+    X: npt.NDArray[np.float64],
+    y: npt.NDArray[Any],
+    group_costs: list[float],
+    prior_label: Any,
+) -> list[Any]:
+    """A point's validation numbers with every walk stopped at each cap (the service's
+    budget is a per-item hard cap): a walk does not enter a node whose sensors, with its
+    ancestors', cost more than the cap, and the last node it entered answers (the prior when
+    it could not pay for the root). ``level``: a cascade with confidence exits."""
+    held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
+    if level is None:
+        paths = [w.path for w in est.walk(X)]
+    else:
+        order = cascade_order(est)
+        ends = exit_answers(est, node_fits or [], level, X, group_costs)[2]
+        paths = [order[: order.index(int(k)) + 1] for k in ends]
+    right_at: dict[int, npt.NDArray[np.bool_]] = {}
+
+    def right(k: int) -> npt.NDArray[np.bool_]:
+        if k not in right_at:
+            if node_fits is not None:
+                proba = node_fits[k].predict_proba(X)
+            else:
+                proba = node_probabilities(est, est.export_nodes_[k], X)
+            right_at[k] = est.classes_[np.argmax(proba, axis=1)] == np.asarray(y)
+        return right_at[k]
+
+    prior_right = np.asarray(y) == prior_label
+
+    def evaluate(cap: float) -> tuple[float, float]:
+        correct = np.zeros(len(X), dtype=bool)
+        spent = np.zeros(len(X))
+        for i, path in enumerate(paths):
+            entered = [k for k in path if held[k] <= cap + 1e-9]
+            if entered:
+                correct[i] = right(entered[-1])[i]
+                spent[i] = held[entered[-1]]
+            else:
+                correct[i] = prior_right[i]
+        return float(correct.mean()), float(spent.mean())
+
+    return capped_numbers({held[k] for path in paths for k in path}, evaluate)
+
+
+def _held_groups(est: CSTCClassifier) -> list[set[int]]:
+    held: list[set[int]] = [set() for _ in est.export_nodes_]
+    for k, node in enumerate(est.export_nodes_):
+        held[k] |= set(node.groups)
+        for child in (node.upper, node.lower):
+            if child is not None:
+                held[child] |= held[k]
+    return held
 
 
 def build_cstc_bundle(
@@ -177,11 +329,11 @@ def build_cstc_bundle(
     data_fingerprint: str | None = None,
     executor: Executor = INLINE,
 ) -> CstcBuildResult:
-    """Split, fit every (method, λ) on ``executor``, keep the validation Pareto set,
-    export, verify, write atomically. Points are chosen, and their accuracies and costs in
-    the manifest (which the service chooses between) measured, on validation rows; test
-    rows only check the export and are reported in the sweep (provenance), never used in a
-    choice."""
+    """Split, fit every (method, λ) on ``executor``, refit the nodes (``node_models:
+    tuned``), fit the fixed subsets, keep the validation Pareto set, export, verify, write
+    atomically. Points are chosen, and their accuracies and costs in the manifest (which the
+    service chooses between) measured, on validation rows; test rows only check the export
+    and are reported in the sweep (provenance), never used in a choice."""
     spec.check()
     positions = column_positions(spec, columns)
     sensor_names = list(spec.sensors)
@@ -198,22 +350,76 @@ def build_cstc_bundle(
     classes = np.unique(y_train)
     configs = [Config(m, float(lam)) for m in spec.chosen_methods() for lam in spec.lambdas]
     fitted = executor.map(_fit, configs, shared=(spec, groups, costs, x_train, y_train))
+    search = spec.fixed_search()
+    subsets = (
+        None
+        if search is None
+        else FixedSubsets(
+            x_train,
+            y_train,
+            x_val,
+            y_val,
+            dict(zip(sensor_names, groups, strict=True)),
+            sensor_costs,
+            search,
+            spec.seed,
+            executor,
+        )
+    )
+    fixed = [] if subsets is None else subsets.best()
+    node_fits: dict[str, list[SubsetFit] | None] = {}
+    if subsets is not None and spec.node_models == "tuned":
+        helds = [held_sensors(est, sensor_names) for est in fitted]
+        fits = subsets.fit(h for held in helds for h in held)
+        for config, held in zip(configs, helds, strict=True):
+            node_fits[config.id] = [fits[h] for h in held]
     rows: list[dict[str, Any]] = []
     for config, est in zip(configs, fitted, strict=True):
+        tuned = node_fits.get(config.id)
+        val_pred, val_cost = _answers(est, x_val, tuned)
+        test_pred, test_cost = _answers(est, x_test, tuned)
         rows.append(
             {
                 "id": config.id,
                 "method": config.method,
                 "lam": config.lam,
-                "validation_accuracy": float(np.mean(est.predict(x_val) == y_val)),
-                "validation_cost": est.average_cost(x_val),
-                "test_accuracy": float(np.mean(est.predict(x_test) == y_test)),
-                "test_cost": est.average_cost(x_test),
+                "validation_accuracy": float(np.mean(val_pred == y_val)),
+                "validation_cost": val_cost,
+                "test_accuracy": float(np.mean(test_pred == y_test)),
+                "test_cost": test_cost,
+                "linear_validation_accuracy": float(np.mean(est.predict(x_val) == y_val)),
                 "nodes": len(est.nodes_),
             }
         )
+    exits: dict[str, tuple[str, float]] = {}  # point id -> (cascade id, level)
+    for config, est in zip(configs, fitted, strict=True):
+        tuned = node_fits.get(config.id)
+        if config.method != "cscc" or tuned is None or not cascade_order(est):
+            continue
+        for level in spec.exit_levels:
+            point_id = f"{config.id}-exit{level:g}"
+            exits[point_id] = (config.id, float(level))
+            val_pred, val_costs, _ = exit_answers(est, tuned, level, x_val, costs)
+            test_pred, test_costs, _ = exit_answers(est, tuned, level, x_test, costs)
+            rows.append(
+                {
+                    "id": point_id,
+                    "method": "cscc-exit",
+                    "lam": config.lam,
+                    "validation_accuracy": float(np.mean(val_pred == y_val)),
+                    "validation_cost": float(val_costs.mean()),
+                    "test_accuracy": float(np.mean(test_pred == y_test)),
+                    "test_cost": float(test_costs.mean()),
+                    "linear_validation_accuracy": math.nan,
+                    "nodes": len(est.nodes_),
+                }
+            )
     kept = pareto_points(rows) if spec.pareto else rows
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
+    for point_id, (base, _) in exits.items():
+        by_id[point_id] = by_id[base]
+        if base in node_fits:
+            node_fits[point_id] = node_fits[base]
     prior = np.asarray([np.mean(y_train == c) for c in classes])
     with staging(out_dir) as tmp:
         models = [
@@ -225,13 +431,47 @@ def build_cstc_bundle(
                 input_dims=0,
             )
         ]
+        fixed_models, fixed_points = export_fixed(tmp, fixed, x_test)
+        models += fixed_models
+        have = {m.id for m in models}
+        node_only = {
+            f.model_id: f
+            for row in kept
+            for f in node_fits.get(row["id"]) or []
+            if f.estimator is not None and f.model_id not in have
+        }
+        models += export_fixed(tmp, list(node_only.values()), x_test)[0]
         points = []
         for row in kept:
             est = by_id[row["id"]]
             node_models, nodes = export_point(
-                tmp, row["id"], est, groups, sensor_names, (x_val, y_val), x_test
+                tmp,
+                row["id"],
+                est,
+                groups,
+                sensor_names,
+                (x_val, y_val),
+                x_test,
+                node_fits.get(row["id"]),
             )
             models += node_models
+            exit_level = exits[row["id"]][1] if row["id"] in exits else None
+            if exit_level is not None:
+                nodes = [
+                    n.model_copy(update={"exit_confidence": exit_level})
+                    if (n.upper is None) != (n.lower is None)
+                    else n
+                    for n in nodes
+                ]
+            capped = capped_point(
+                est,
+                node_fits.get(row["id"]),
+                exit_level,
+                x_val,
+                y_val,
+                costs,
+                classes[int(np.argmax(prior))],
+            )
             points.append(
                 CstcPoint(
                     id=row["id"],
@@ -240,6 +480,7 @@ def build_cstc_bundle(
                     mean_cost=row["validation_cost"],
                     accuracy=row["validation_accuracy"],
                     nodes=nodes,
+                    capped=capped,
                 )
             )
         manifest = Manifest(
@@ -251,7 +492,15 @@ def build_cstc_bundle(
             item=spec.item(),
             extractors=spec.extractors(),
             models=models,
-            strategies=[CstcStrategy(name="cstc", points=points, tolerance=spec.tolerance)],
+            strategies=[
+                CstcStrategy(
+                    name="cstc",
+                    points=points,
+                    tolerance=spec.tolerance,
+                    fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
+                )
+            ],
             default_strategy="cstc",
             provenance=provenance(
                 data_fingerprint or fingerprint(x, y),
@@ -265,7 +514,10 @@ def build_cstc_bundle(
                     "sharpness": spec.sharpness,
                     "rho": spec.rho,
                     "seed": spec.seed,
+                    "node_models": spec.node_models if subsets is not None else "linear",
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
+                    "fixed_search": None if search is None else vars(search),
+                    "fixed_points": fixed_summary(fixed),
                     "sweep": rows,
                 },
             ),
@@ -277,40 +529,9 @@ def build_cstc_bundle(
         rows,
         {r["id"]: by_id[r["id"]] for r in kept},
         (x_test, y_test),
+        fixed,
+        {r["id"]: nf for r in kept if (nf := node_fits.get(r["id"])) is not None},
     )
-
-
-def export_point(
-    folder: Path,
-    point_id: str,
-    est: CSTCClassifier,
-    groups: list[list[int]],
-    sensor_names: list[str],
-    accuracy_rows: tuple[npt.NDArray[np.float64], npt.NDArray[Any]],
-    check_rows: npt.NDArray[np.float64],
-) -> tuple[list[ModelSpec], list[CstcNode]]:
-    """One fitted tree's nodes: each node's classifier exported (ONNX, checked against the
-    fitted node on ``check_rows``; its accuracy alone measured on ``accuracy_rows``, the
-    validation rows: the service chooses by it) and its routing as manifest arrays."""
-    models: list[ModelSpec] = []
-    nodes: list[CstcNode] = []
-    for k, node in enumerate(est.export_nodes_):
-        model = _export_node(folder, f"{point_id}.n{k}", est, node, groups, sensor_names)
-        model = _with_accuracy(model, est, node, groups, *accuracy_rows)
-        models.append(model)
-        cols, _, route = node_inputs(node, groups, est.n_features_in_)
-        nodes.append(
-            CstcNode(
-                model=model.id,
-                features=[sensor_names[g] for g in node.groups],
-                route_weights=[float(v) for v in route] if node.routes else [],
-                route_bias=float(node.route_b),
-                upper=node.upper,
-                lower=node.lower,
-            )
-        )
-        _verify(folder, model, est, node, cols, check_rows)
-    return models, nodes
 
 
 def pareto_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -319,65 +540,3 @@ def pareto_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not out or row["validation_accuracy"] > out[-1]["validation_accuracy"]:
             out.append(row)
     return out
-
-
-def _export_node(
-    folder: Path,
-    model_id: str,
-    est: CSTCClassifier,
-    node: ExportNode,
-    groups: list[list[int]],
-    sensor_names: list[str],
-) -> ModelSpec:
-    kappa = est.temperature_
-    features = [sensor_names[g] for g in node.groups]
-    if not node.columns:
-        p = softmax(kappa * node.b.reshape(1, -1))[0]
-        return ModelSpec(
-            id=model_id, features=[], accuracy=0.0, prior=[float(v) for v in p], input_dims=0
-        )
-    cols, W, _ = node_inputs(node, groups, est.n_features_in_)
-    file = f"{model_id}.onnx"
-    (folder / file).write_bytes(linear_softmax_onnx(kappa * W, kappa * node.b))
-    return ModelSpec(id=model_id, features=features, accuracy=0.0, file=file, input_dims=len(cols))
-
-
-def node_probabilities(
-    est: CSTCClassifier, node: ExportNode, X: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    h = X[:, list(node.columns)] @ node.W + node.b
-    return softmax(est.temperature_ * h)
-
-
-def _with_accuracy(
-    model: ModelSpec,
-    est: CSTCClassifier,
-    node: ExportNode,
-    groups: list[list[int]],
-    X: npt.NDArray[np.float64],
-    y: npt.NDArray[Any],
-) -> ModelSpec:
-    """The node's classifier alone on every row of ``X`` (what a fallback to it is worth)."""
-    pred = est.classes_[np.argmax(node_probabilities(est, node, X), axis=1)]
-    return model.model_copy(update={"accuracy": float(np.mean(pred == y))})
-
-
-def _verify(
-    folder: Path,
-    model: ModelSpec,
-    est: CSTCClassifier,
-    node: ExportNode,
-    cols: list[int],
-    X: npt.NDArray[np.float64],
-) -> None:
-    if model.file is None:
-        return
-    session = ort.InferenceSession(str(folder / model.file), providers=["CPUExecutionProvider"])
-    got = session.run(None, {"features": X[:, cols].astype(np.float32)})[0]
-    want = node_probabilities(est, node, X)
-    worst = float(np.max(np.abs(got - want))) if len(X) else 0.0
-    if worst > 1e-4:
-        raise CstcExportMismatch(
-            f"node model {model.id!r}: ONNX probabilities differ from the fitted node's by "
-            f"{worst:.2e} (> 1e-4) on held-out rows; nothing was written"
-        )

@@ -53,12 +53,13 @@ from service.bundle import (
     write_manifest,
 )
 from service.extractors.base import Extractor
-from training.bundles.cstc import Config, estimator_for, export_point, pareto_points
+from training.bundles.cstc import Config, estimator_for, pareto_points
 from training.bundles.digits import DIGITS_EXTRACTORS
 from training.bundles.images import Feature, image_item
 from training.bundles.writer import bundle_version, provenance, staging
 from training.cstc import CSTCClassifier
 from training.executor import INLINE, Executor
+from training.export.cstc import export_point
 
 Array = npt.NDArray[np.float64]
 Progress = Callable[[str, int, int], None]

@@ -8,6 +8,7 @@ built-in ``sensor`` extractor serving its columns at a declared cost (``cost_bas
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from service.bundle import (
     Manifest,
     write_manifest,
 )
-from training.bundles.writer import bundle_version, provenance, staging
+from training.bundles.writer import bundle_version, capped_numbers, provenance, staging
 from training.dag import DagClassifier, sweep
 from training.dag.policies import check_policy_options
 from training.data.tabular import (
@@ -34,18 +35,31 @@ from training.data.tabular import (
 )
 from training.executor import INLINE, Executor
 from training.export.dag import DagExportMismatch, export_bank, export_policy, verify_policy
+from training.export.fixed import export_fixed
+from training.fixed_subsets import (
+    FixedSubsets,
+    SubsetFit,
+    WithFixedSubsets,
+    fixed_summary,
+)
 
 __all__ = ["DagBuildResult", "DagExportMismatch", "DagSpec", "build_dag_bundle", "read_csv"]
 
+#: How the classifier bank is fitted: each state as its tuned fixed subset, or ``learner``.
+BANKS = ("tuned", "learner")
+
 
 @dataclass
-class DagSpec(TabularSpec):
+class DagSpec(WithFixedSubsets, TabularSpec):
     """What ``budgetserve-train dag`` reads besides the CSV (JSON or YAML): the tabular spec
     plus the cost trade-offs to sweep, how many scales the adaptive grid may add between them
     (``refine_scales``, see :func:`training.dag.sweep`), the learners of the classifier bank
     and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``), what the policies see
     (``policy_inputs``: ``features`` or ``features+confidence``) and, for many sensors,
-    the number of groups (Alg. 2)."""
+    the number of groups (Alg. 2). ``bank: tuned`` (default) fits each state's classifier as
+    its fixed subset, chosen on the validation rows (:mod:`training.fixed_subsets`; ``fixed``
+    sets that search); ``bank: learner`` uses ``learner``. The bundle also carries the best
+    fixed subsets (``fixed: false`` leaves them out)."""
 
     cost_scales: list[float] = field(
         default_factory=lambda: [0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]
@@ -55,9 +69,19 @@ class DagSpec(TabularSpec):
     policy_learner: str | None = None
     policy_inputs: str = "features"
     n_subsets: int | None = None
+    bank: str = "tuned"
+    folds: int = 5
 
     def check(self) -> None:
         super().check()
+        if self.bank not in BANKS:
+            raise ValueError(
+                f"bank must be one of {list(BANKS)}, got {self.bank!r}: 'tuned' fits each "
+                "state's classifier as its fixed subset (chosen on validation rows), "
+                "'learner' uses `learner` as it is"
+            )
+        if self.bank == "tuned" and self.fixed_search() is None:
+            raise ValueError("bank: tuned fits the states as fixed subsets; it needs `fixed`")
         if not self.cost_scales or any(c < 0 for c in self.cost_scales):
             raise ValueError("cost_scales must be a non-empty list of numbers >= 0")
         if (
@@ -78,6 +102,7 @@ class DagBuildResult:
     path: Path
     points: list[dict[str, float]]
     models: list[DagClassifier] = field(default_factory=list)  # one per policy, in order
+    fixed: list[SubsetFit] = field(default_factory=list)  # the bundle's fixed points
 
 
 def build_dag_bundle(
@@ -97,6 +122,18 @@ def build_dag_bundle(
     sensors = column_positions(spec, columns)
     costs = spec.sensor_costs()
     x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
+    search = spec.fixed_search()
+    if search is not None and spec.bank == "tuned" and spec.learner not in search.learners:
+        # the bank's guarantee: no state weaker on validation than its subset fitted alone
+        # with the DAG's learner
+        search = dataclasses.replace(search, learners=(*search.learners, spec.learner))
+    subsets = (
+        None
+        if search is None
+        else FixedSubsets(
+            x_train, y_train, x_val, y_val, sensors, costs, search, spec.seed, executor
+        )
+    )
     fits = sweep(
         x_train,
         y_train,
@@ -112,8 +149,11 @@ def build_dag_bundle(
         learner=spec.learner,
         policy_learner=spec.policy_learner,
         policy_inputs=spec.policy_inputs,
+        bank=subsets if spec.bank == "tuned" else None,
+        folds=spec.folds,
     )
     base = fits[0][1]
+    fixed = [] if subsets is None else subsets.best([base.state_sensors(s) for s in base.states_])
     classes = [str(c) for c in base.classes_]
     sensor_names = list(spec.sensors)
     # The policy input: every sensor's columns, sensors in declaration order.
@@ -127,6 +167,8 @@ def build_dag_bundle(
 
     with staging(out_dir) as tmp:
         models = export_bank(tmp, base, classes, x_test)
+        fixed_models, fixed_points = export_fixed(tmp, fixed, x_test)
+        models += fixed_models
         policies, points = [], []
         for i, (scale, model, val_cost, val_error) in enumerate(fits):
             policy = export_policy(tmp, f"policy_{i}.onnx", model, width, global_of_column)
@@ -139,6 +181,7 @@ def build_dag_bundle(
                         "cost_scale": scale,
                         "mean_cost": val_cost,
                         "error": val_error,
+                        "capped": _capped(model, x_val, y_val),
                     }
                 )
             )
@@ -166,6 +209,8 @@ def build_dag_bundle(
                     groups=[list(g) for g in base.groups_],
                     inputs=sensor_names,
                     policies=policies,
+                    fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
                 )
             ],
             default_strategy="dag",
@@ -182,6 +227,10 @@ def build_dag_bundle(
                     "policy_learner": spec.policy_learner or spec.learner,
                     "policy_inputs": spec.policy_inputs,
                     "n_subsets": spec.n_subsets,
+                    "bank": spec.bank,
+                    "folds": spec.folds,
+                    "fixed_search": None if search is None else vars(search),
+                    "fixed_points": fixed_summary(fixed),
                     "seed": spec.seed,
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
                     "operating_points": points,
@@ -189,4 +238,17 @@ def build_dag_bundle(
             ),
         )
         write_manifest(tmp, manifest)
-    return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits])
+    return DagBuildResult(manifest, out_dir, points, [model for _, model, _, _ in fits], fixed)
+
+
+def _capped(model: DagClassifier, x: npt.NDArray[np.float64], y: npt.NDArray[Any]) -> Any:
+    """The policy's validation numbers with every walk stopped at each cost a walk can stop
+    at (the service's budget is a per-item hard cap)."""
+    _, paths = model.acquisition(x)
+    caps = {model.state_cost(s) for path in paths for s in path}
+
+    def evaluate(cap: float) -> tuple[float, float]:
+        pred, spent, _ = model.predict_with_cost(x, budget=cap)
+        return float(np.mean(pred == np.asarray(y))), float(np.mean(spent))
+
+    return capped_numbers(caps, evaluate)

@@ -1,9 +1,12 @@
 """Build a gating bundle (paper 001) from tabular data: sweep ADAPT-GBRT, ADAPT-LIN, the L1
-baseline and GreedyMiser over (P_full, λ/γ/C), keep the validation Pareto set (plus f0 alone)
-as one ``gating`` strategy, export every gate and model to ONNX and check it.
+baseline and GreedyMiser over (P_full, λ/γ/C), add f1's own confidence as a gate to f0 or to a
+fixed subset's model, keep the validation Pareto set (plus f0 alone) as one ``gating``
+strategy with the best fixed sensor subsets beside it, export every gate and model to ONNX
+and check it.
 
-Each feature is a ``sensor`` with one column and a declared cost (the paper's per-feature
-costs); budgets and spent costs are in the bundle's unit.
+Each sensor is a ``sensor`` extractor with a declared cost: one column (the paper's
+per-feature costs) or several (a sensor's cost paid once, whatever columns of it are read:
+ADAPT-GBRT and GreedyMiser only); budgets and spent costs are in the bundle's unit.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from service.bundle import (
 from training.bundles.writer import bundle_version, provenance, staging
 from training.data.tabular import TabularSpec, column_positions, fingerprint
 from training.executor import INLINE, Executor
+from training.export.fixed import export_fixed
 from training.export.gating import (
     ExportedModel,
     export_f0,
@@ -39,47 +43,103 @@ from training.export.gating import (
     verify_f0,
     verify_system,
 )
-from training.gating import FittedF0, default_gbrt_f0, tune_gbrt_f0
-from training.gating.sweep import METHODS, Config, SweepPoint, default_grid, pareto, sweep
+from training.fixed_subsets import (
+    FixedSubsets,
+    SubsetFit,
+    WithFixedSubsets,
+    fixed_summary,
+)
+from training.gating import AdaptGbrt, FittedF0, default_gbrt_f0, tune_gbrt_f0
+from training.gating.confidence import (
+    ConfidenceGate,
+    HighModel,
+    confidence_points,
+    confidence_systems,
+)
+from training.gating.sweep import (
+    METHODS,
+    ROUTED_FRACTIONS,
+    Config,
+    SweepPoint,
+    default_grid,
+    pareto,
+    sweep,
+)
 
 #: "lightgbm-tuned": LightGBM tuned on the validation rows (:func:`tune_gbrt_f0`), the
 #: strongest f0 the benchmark found; "lightgbm": one fixed setting (faster to build).
 F0_KINDS = ("lightgbm", "lightgbm-tuned", "random-forest", "rbf-svm")
 
 
-@dataclass
-class GatingSpec(TabularSpec):
-    """``budgetserve-train gating`` reads this beside the CSV. ``sensors`` may be a list of
-    column names (one sensor per column, named after it)."""
+#: The methods that take sensors of several columns (a sensor's cost paid once).
+GROUPED_METHODS = ("adapt-gbrt", "greedymiser")
 
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+
+@dataclass
+class GatingSpec(WithFixedSubsets, TabularSpec):
+    """``budgetserve-train gating`` reads this beside the CSV. ``sensors`` may be a list of
+    column names (one sensor per column, named after it) or sensors of several columns (a
+    sensor's cost is paid once, whatever columns of it are read; ADAPT-GBRT and GreedyMiser
+    only). ``confidence``: also try f1's own confidence as the gate, to f0 or to a fixed
+    subset's model (:mod:`training.gating.confidence`). ``fixed``: the fixed-subset search
+    (:mod:`training.fixed_subsets`; false: none)."""
+
+    methods: list[str] | None = None  # default: every method (grouped sensors: GBRT ones)
     f0: str = "lightgbm"
     grid: list[dict[str, Any]] | None = None  # [{method, p_full, regularisation}], optional
     pareto: bool = True  # keep the validation Pareto set only (False: every point, to inspect)
-    tolerance: float = 0.01  # served: within 1 % of the best deliverable accuracy, cheapest
+    tolerance: float = 0.0  # served: the most accurate on validation (a request may differ)
     standardize: bool = True  # ADAPT-LIN's group penalty on standardised weights
+    confidence: bool = True
+    gbrt: dict[str, Any] | None = None  # ADAPT-GBRT / GreedyMiser settings, e.g. n_rounds
 
     def __post_init__(self) -> None:
         if isinstance(self.sensors, list):
             self.sensors = {str(c): [str(c)] for c in self.sensors}
 
+    @property
+    def grouped(self) -> bool:
+        return isinstance(self.sensors, dict) and any(
+            isinstance(cols, list) and len(cols) > 1 for cols in self.sensors.values()
+        )
+
+    def chosen_methods(self) -> list[str]:
+        if self.methods is not None:
+            return list(self.methods)
+        return list(GROUPED_METHODS if self.grouped else METHODS)
+
     def check(self) -> None:
         super().check()
-        several = {s: cols for s, cols in self.sensors.items() if len(cols) != 1}
-        if several:
+        linear = (
+            [c.method for c in self.configs() if c.method not in GROUPED_METHODS]
+            if self.grouped
+            else []
+        )
+        if linear:
+            several = {s: cols for s, cols in self.sensors.items() if len(cols) != 1}
             raise ValueError(
-                f"gating needs one column per sensor (a cost per feature); {several} have "
-                "several: split them, or use `budgetserve-train dag` for grouped sensors"
+                f"methods {sorted(set(linear))} need one column per sensor; {several} have "
+                f"several: use methods {list(GROUPED_METHODS)} (a sensor's cost is paid once), "
+                "or split the sensors"
             )
         if not isinstance(self.tolerance, int | float) or not 0 <= self.tolerance <= 1:
             raise ValueError(f"tolerance must be a number in [0, 1], got {self.tolerance!r}")
         if self.f0 not in F0_KINDS:
             raise ValueError(f"f0 must be one of {list(F0_KINDS)}, got {self.f0!r}")
         self.configs()  # validates methods and grid
+        allowed = {"n_rounds", "trees_per_round", "num_leaves", "learning_rate", "f1_cv"}
+        if self.gbrt is not None and (
+            not isinstance(self.gbrt, dict) or not set(self.gbrt) <= allowed
+        ):
+            raise ValueError(
+                f"gbrt must be a mapping of {sorted(allowed)} (ADAPT-GBRT and GreedyMiser "
+                f"settings), got {self.gbrt!r}"
+            )
+        self.fixed_search()  # validates the fixed-subset search
 
     def configs(self) -> list[Config]:
         if self.grid is None:
-            return default_grid(self.methods)
+            return default_grid(self.chosen_methods())
         out = []
         for entry in self.grid:
             if not isinstance(entry, dict) or set(entry) != {"method", "p_full", "regularisation"}:
@@ -110,6 +170,7 @@ class GatingBuildResult:
     points: list[dict[str, Any]]  # the whole sweep, validation and test numbers
     f0_accuracy: dict[str, float]
     estimators: dict[str, Any] = field(default_factory=dict)  # exported point id -> fitted
+    fixed: list[SubsetFit] = field(default_factory=list)  # the bundle's fixed points
 
 
 def _file_name(text: str) -> str:
@@ -126,18 +187,23 @@ def build_gating_bundle(
     data_fingerprint: str | None = None,
     executor: Executor = INLINE,
 ) -> GatingBuildResult:
-    """Split, fit f0 once, sweep (its fits on ``executor``), keep the validation Pareto set,
-    export, verify, write
-    atomically. The points are chosen on validation rows; the accuracies, costs and routed
-    fractions written to the manifest (what the service ranks and reports) are measured on
-    the test rows, which took no part in any choice."""
+    """Split, fit f0 once, sweep (its fits on ``executor``), add the confidence gates and
+    the fixed subsets, keep the validation Pareto set, export, verify, write atomically.
+    Every choice is made on the validation rows, and the accuracies, costs and routed
+    fractions written to the manifest (what the service chooses by) are the validation
+    rows'; the test rows took no part in any choice and are reported in the provenance."""
     spec.check()
     positions = column_positions(spec, columns)
     sensor_names = list(spec.sensors)
-    order = [positions[s][0] for s in sensor_names]  # one column per sensor
+    order = [c for s in sensor_names for c in positions[s]]  # the sensors' columns, in order
     x = x[:, order]
+    groups: list[list[int]] = []
+    for s in sensor_names:
+        start = sum(len(g) for g in groups)
+        groups.append(list(range(start, start + len(positions[s]))))
+    sensor_of = {c: s for s, g in zip(sensor_names, groups, strict=True) for c in g}
     sensor_costs = spec.sensor_costs()
-    costs = np.asarray([sensor_costs[s] for s in sensor_names])
+    costs = np.asarray([sensor_costs[s] for s in sensor_names for _ in positions[s]])
     x_train, x_val, x_test, y_train, y_val, y_test = spec.split(x, y)
     classes = np.unique(y_train)
     f0_model = spec.make_f0()
@@ -158,22 +224,42 @@ def build_gating_bundle(
         X_test=x_test,
         y_test=y_test,
         standardize=spec.standardize,
+        gbrt_params={
+            **(spec.gbrt or {}),
+            **({"feature_groups": groups} if spec.grouped else {}),
+        },
         random_state=spec.seed,
         executor=executor,
     )
+    search = spec.fixed_search()
+    fixed: list[SubsetFit] = []
+    if search is not None:
+        sensors = {s: g for s, g in zip(sensor_names, groups, strict=True)}
+        subsets = FixedSubsets(
+            x_train, y_train, x_val, y_val, sensors, sensor_costs, search, spec.seed, executor
+        )
+        fixed = subsets.best()
+    if spec.confidence:
+        highs = [HighModel("f0", f0.model, list(range(x.shape[1])))]
+        highs += [HighModel(f.model_id, f.estimator, f.columns) for f in fixed if f.estimator]
+        sources = [(p.id, p.estimator) for p in points if isinstance(p.estimator, AdaptGbrt)]
+        systems = confidence_systems(sources, highs, x_val, y_val, ROUTED_FRACTIONS)
+        # derived from fits already made: only their own validation Pareto set is worth
+        # adding (also with pareto: false)
+        points += pareto(confidence_points(systems, x_val, y_val, x_test, y_test))
     f0_val = float(np.mean(classes[f0.model.predict(x_val)] == y_val))
     f0_test = float(np.mean(classes[f0.model.predict(x_test)] == y_test))
-    full_cost = float(costs.sum())
+    full_cost = float(sum(sensor_costs.values()))
     kept = pareto(points) if spec.pareto else sorted(points, key=lambda p: p.val_cost)
     # f0 alone is a point of its own: drop what it dominates (full cost, no more accurate).
     front = [p for p in kept if p.val_cost < full_cost or p.val_accuracy > f0_val]
 
     def features(cols: Sequence[int]) -> list[str]:
-        return [sensor_names[c] for c in cols]
+        return list(dict.fromkeys(sensor_of[int(c)] for c in cols))
 
     with staging(out_dir) as tmp:
         prior = np.asarray([np.mean(y_train == c) for c in classes])
-        f0_exported = export_f0(f0.model, len(sensor_names), x_train)
+        f0_exported = export_f0(f0.model, x.shape[1], x_train)
         verify_f0(f0_exported, f0.model, x_test)
         assert f0_exported.onnx is not None
         (tmp / "f0.onnx").write_bytes(f0_exported.onnx)
@@ -181,18 +267,20 @@ def build_gating_bundle(
             ModelSpec(
                 id="prior",
                 features=[],
-                accuracy=float(np.mean(y_test == classes[int(np.argmax(prior))])),
+                accuracy=float(np.mean(y_val == classes[int(np.argmax(prior))])),
                 prior=[float(p) for p in prior],
                 input_dims=0,
             ),
             ModelSpec(
                 id="f0",
                 features=list(sensor_names),
-                accuracy=f0_test,
+                accuracy=f0_val,
                 file="f0.onnx",
-                input_dims=len(sensor_names),
+                input_dims=x.shape[1],
             ),
         ]
+        fixed_models, fixed_points = export_fixed(tmp, fixed, x_test)
+        models += fixed_models
         gate_points = [
             GatePoint(
                 id="f0",
@@ -203,7 +291,7 @@ def build_gating_bundle(
                 high_model="f0",
                 mean_cost=full_cost,
                 fraction_full=1.0,
-                accuracy=f0_test,
+                accuracy=f0_val,
             )
         ]
         exported: dict[str, Any] = {"f0": f0.model}
@@ -215,14 +303,17 @@ def build_gating_bundle(
             exported[point.id] = point.estimator
             low_id = f"{point.id}.f1"
             models.append(
-                _low_model(
-                    tmp, low_id, system.f1, features(system.f1.columns), point, x_test, y_test
-                )
+                _low_model(tmp, low_id, system.f1, features(system.f1.columns), point, x_val, y_val)
             )
             gate_file = None
             if system.gate.onnx is not None:
                 gate_file = _file_name(f"{point.id}.gate.onnx")
                 (tmp / gate_file).write_bytes(system.gate.onnx)
+            high = (
+                point.estimator.high.model_id
+                if isinstance(point.estimator, ConfidenceGate)
+                else "f0"
+            )
             gate_points.append(
                 GatePoint(
                     id=point.id,
@@ -234,10 +325,10 @@ def build_gating_bundle(
                     gate_input_dims=len(system.gate.columns),
                     threshold=system.gate.threshold,
                     low_model=low_id,
-                    high_model="f0",
-                    mean_cost=point.test_cost,
-                    fraction_full=point.test_fraction_full,
-                    accuracy=point.test_accuracy,
+                    high_model=high,
+                    mean_cost=point.val_cost,
+                    fraction_full=point.val_fraction_full,
+                    accuracy=point.val_accuracy,
                 )
             )
         summary = [_summary(p) for p in points]
@@ -251,7 +342,13 @@ def build_gating_bundle(
             extractors=spec.extractors(),
             models=models,
             strategies=[
-                GatingStrategy(name="gating", points=gate_points, tolerance=spec.tolerance)
+                GatingStrategy(
+                    name="gating",
+                    points=gate_points,
+                    tolerance=spec.tolerance,
+                    fixed=fixed_points,
+                    **spec.margin_fields(len(y_val)),
+                )
             ],
             default_strategy="gating",
             provenance=provenance(
@@ -262,17 +359,20 @@ def build_gating_bundle(
                     "costs": sensor_costs,
                     "f0": spec.f0,
                     "f0_params": f0_choice,
-                    "methods": spec.methods,
+                    "methods": spec.chosen_methods(),
+                    "confidence": spec.confidence,
                     "seed": spec.seed,
                     "rows": {"train": len(y_train), "validation": len(y_val), "test": len(y_test)},
                     "f0_accuracy": {"validation": f0_val, "test": f0_test},
+                    "fixed_search": None if search is None else vars(search),
+                    "fixed_points": fixed_summary(fixed),
                     "sweep": summary,
                 },
             ),
         )
         write_manifest(tmp, manifest)
     return GatingBuildResult(
-        manifest, out_dir, summary, {"validation": f0_val, "test": f0_test}, exported
+        manifest, out_dir, summary, {"validation": f0_val, "test": f0_test}, exported, fixed
     )
 
 
@@ -302,7 +402,8 @@ def _low_model(
     x_val: npt.NDArray[np.float64],
     y_val: npt.NDArray[Any],
 ) -> ModelSpec:
-    """f1 of an operating point as a bundle model; its accuracy is f1 alone on test rows."""
+    """f1 of an operating point as a bundle model; its accuracy is f1 alone on the
+    validation rows."""
     est = point.estimator
     proba = system_outputs(est, x_val)[1]
     accuracy = float(np.mean(est.classes_[np.argmax(proba, axis=1)] == y_val))
@@ -312,5 +413,9 @@ def _low_model(
     file = _file_name(f"{model_id}.onnx")
     (folder / file).write_bytes(f1.onnx)
     return ModelSpec(
-        id=model_id, features=features, accuracy=accuracy, file=file, input_dims=len(features)
+        id=model_id,
+        features=features,
+        accuracy=accuracy,
+        file=file,
+        input_dims=len(f1.columns),
     )

@@ -11,13 +11,13 @@ import hashlib
 import platform
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from service.bundle import Provenance
+from service.bundle import CappedNumbers, Provenance
 
 
 @contextmanager
@@ -66,4 +66,18 @@ def library_versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
+    return out
+
+
+def capped_numbers(
+    caps: Iterable[float], evaluate: Callable[[float], tuple[float, float]]
+) -> list[CappedNumbers]:
+    """An adaptive point's validation numbers with every walk stopped at each cap
+    (``evaluate(cap) -> (accuracy, mean cost)``): the service chooses by them, since its
+    budget is a per-item hard cap. ``caps``: the costs at which a walk can stop (every
+    cumulative cost along the validation walks), the longest walk's last."""
+    out = []
+    for cap in sorted({float(c) for c in caps}):
+        accuracy, mean_cost = evaluate(cap)
+        out.append(CappedNumbers(cap=cap, accuracy=accuracy, mean_cost=mean_cost))
     return out

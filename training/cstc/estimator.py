@@ -18,6 +18,10 @@ pruning of the balanced tree on validation rows (``prune``), block coordinate de
 level order (``n_rounds``), fine-tuning of the final classifiers without the cost term.
 At test time routing is hard: upper when h·u > θ. :meth:`walk` gives each row's path, the
 cost groups acquired at each node (cached ones are free) and the cost.
+
+The module stays whole (over 450 lines): the regressor and the classifier share one fitting
+schedule (initialise, prune, coordinate descent, fine-tune, export, walk) over shared state;
+the optimisation itself is :mod:`training.cstc.optimise`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ with its evaluation cost and the raw features it reads through the usage matrix 
 so with z fixed the objective is smooth; weights whose group norm falls below ``CLAMP``
 are set to zero and stay there (the paper's clamp). Leaves (nodes that do not route) are
 solved in closed form (eq. 16); routing nodes with L-BFGS on the smooth objective.
+
+The module stays whole (over 450 lines): the forward pass, the relaxed cost, its Lemma-1
+auxiliaries and the node solvers are one objective and its gradient, read together.
 """
 
 from __future__ import annotations

@@ -108,6 +108,12 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         ``features+confidence`` (also the state's bank classifier's top probability and its
         margin over the second, :func:`~training.dag.policies.confidence`: out-of-fold
         probabilities in training, the refit classifier's at prediction).
+    bank: None (every state's classifier is one of ``learner``), or a
+        :class:`training.fixed_subsets.FixedSubsets` on the same training rows: each state's
+        classifier is then that subset's model tuned on the validation rows (LightGBM's
+        leaves and trees, or another learner, whichever is most accurate on validation), so
+        no state's classifier is weaker on validation than its subset fitted alone; its
+        out-of-fold losses come from clones of it.
 
     Fitted attributes
     -----------------
@@ -135,6 +141,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         learner: str = "linear",
         policy_learner: str | None = None,
         policy_inputs: str = "features",
+        bank: Any = None,
     ) -> None:
         self.sensors = sensors
         self.costs = costs
@@ -148,6 +155,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self.learner = learner
         self.policy_learner = policy_learner
         self.policy_inputs = policy_inputs
+        self.bank = bank
 
     # ---------------------------------------------------------------- validation
 
@@ -251,7 +259,12 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self._losses: dict[int, FloatArray] = {0: (y_enc != majority).astype(np.float64)}
         job = _BankJob(Xa, y_enc, self.C, self.folds, self.random_state, str(self.learner))
         members = [s for s in self.states_ if s != 0]
-        fitted = executor.map(_fit_bank_member, [self._cols(s) for s in members], shared=(job,))
+        given = self._given_bank(Xa, members)
+        fitted = executor.map(
+            _fit_bank_member,
+            [(self._cols(s), g) for s, g in zip(members, given, strict=True)],
+            shared=(job,),
+        )
         self._oof_conf: dict[int, FloatArray] = {
             0: confidence(np.tile(self.prior_, (Xa.shape[0], 1)))
         }
@@ -267,6 +280,35 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self._fit_policies(Xa)
         self.fit_seconds_ = time.perf_counter() - t0
         return self
+
+    def _given_bank(self, Xa: FloatArray, members: list[int]) -> list[Any]:
+        """The classifiers ``bank`` fitted for the states' sensor sets (None per state
+        without ``bank``)."""
+        if self.bank is None:
+            return [None] * len(members)
+        bank_X = np.asarray(self.bank.X)
+        if bank_X.shape != Xa.shape or not np.array_equal(bank_X, Xa):
+            raise ValueError(
+                "bank was fitted on other rows than the X given to fit; build it on the "
+                "same training rows (FixedSubsets(X, y, ...)) or pass bank=None"
+            )
+        subsets = [tuple(self._mask_sensors(s)) for s in members]
+        fits = self.bank.fit(subsets)
+        out = []
+        for s, subset in zip(members, subsets, strict=True):
+            fit = fits[subset]
+            if list(fit.columns) != self.state_columns(s):
+                raise ValueError(
+                    f"bank fitted sensors {list(subset)} on columns {list(fit.columns)}; the "
+                    f"DAG's state reads {self.state_columns(s)}: give the bank the same sensors"
+                )
+            out.append(fit.estimator)
+        return out
+
+    def _mask_sensors(self, state: int) -> list[str]:
+        """The sensors of a state (declaration order), before the policies are trained."""
+        mask = self._sensor_mask(state)
+        return [n for i, n in enumerate(self.sensor_names_) if mask >> i & 1]
 
     def _fit_policies(self, Xa: FloatArray) -> None:
         """Graph-Reduce (Alg. 1) with the current ``cost_scale`` over the fitted bank."""
@@ -390,8 +432,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     def state_sensors(self, state: int) -> list[str]:
         """Names of the sensors acquired in ``state`` (declaration order)."""
         self._check_state(state)
-        mask = self._sensor_mask(state)
-        return [n for i, n in enumerate(self.sensor_names_) if mask >> i & 1]
+        return self._mask_sensors(state)
 
     def state_columns(self, state: int) -> list[int]:
         """Columns of X seen in ``state``: its sensors' columns (sensors in declaration order)."""

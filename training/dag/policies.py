@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sklearn.base import clone
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
@@ -144,15 +145,25 @@ class _BankJob:
     learner: str = "linear"
 
 
-def _fit_bank_member(job: _BankJob, cols: IntArray) -> tuple[FloatArray, FloatArray, Any]:
-    """One state's classifier on columns ``cols``: its out-of-fold 0/1 loss per training row
-    (seeded stratified folds; the class of the largest out-of-fold probability), the
-    out-of-fold :func:`confidence` per row and the classifier refit on every row."""
+def _fit_bank_member(
+    job: _BankJob, task: tuple[IntArray, Any]
+) -> tuple[FloatArray, FloatArray, Any]:
+    """One state's classifier on columns ``cols`` (``task = (cols, given)``): its
+    out-of-fold 0/1 loss per training row (seeded stratified folds; the class of the largest
+    out-of-fold probability), the out-of-fold :func:`confidence` per row and the classifier
+    refit on every row. ``given``: a classifier already fitted on these columns of every
+    training row (a tuned fixed subset), used as the refit, its out-of-fold predictions from
+    clones of it; None: one of ``job.learner``."""
+    cols, given = task
     Xs = job.X[:, cols]
     cv = StratifiedKFold(n_splits=job.folds, shuffle=True, random_state=job.random_state)
-    est = make_classifier(job.learner, job.C, job.random_state)
+    est = (
+        clone(given) if given is not None else make_classifier(job.learner, job.C, job.random_state)
+    )
     oof = np.asarray(cross_val_predict(est, Xs, job.y, cv=cv, method="predict_proba"))
     loss = (np.argmax(oof, axis=1) != job.y).astype(np.float64)
+    if given is not None:
+        return loss, confidence(oof), given
     fitted = make_classifier(job.learner, job.C, job.random_state).fit(Xs, job.y)
     return loss, confidence(oof), fitted
 

@@ -21,6 +21,9 @@ names prefixed ``c<state>_``, ``TopK``); the nodes read that instead, so the run
 
 Bank classifiers of the ``gbrt`` learner are exported the same way (trees, then sigmoid or
 softmax); the others go through skl2onnx.
+
+The module stays whole (over 450 lines): the policy graph, the trees it embeds, the confidence
+inputs and :func:`verify_policy` are one export whose check reads every part the graph writes.
 """
 
 from __future__ import annotations

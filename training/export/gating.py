@@ -14,6 +14,7 @@ linear gate score within float32 rounding of its threshold).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ from service.types import FloatArray
 from training.export.sklearn import ATOL, export_classifier, onnx_probabilities
 from training.export.trees import Float32Splits, lightgbm_float32_splits
 from training.gating import AdaptGbrt, AdaptLin, L1Baseline
+from training.gating.confidence import ConfidenceGate
 
-Gated = AdaptLin | L1Baseline | AdaptGbrt
+Gated = AdaptLin | L1Baseline | AdaptGbrt | ConfidenceGate
 _OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
 
 
@@ -115,15 +117,35 @@ def select_columns(model_bytes: bytes, columns: Sequence[int], width: int) -> by
     return bytes(model.SerializeToString())
 
 
+#: Recent conversions, keyed by the booster object (held, so its id is not reused), the
+#: width and the rows: a sweep exports one f1 for every routing variant of a fit, and the
+#: confidence gates export their source's f1 again.
+_CONVERTED: dict[tuple[int, int, str], tuple[Any, bytes, Float32Splits]] = {}
+
+
 def lightgbm_onnx(model: Any, width: int, rows: FloatArray) -> tuple[bytes, Float32Splits]:
     """A LightGBM Booster or LGBMClassifier as ONNX (``probabilities`` without ZipMap for
     classifiers, the raw sum for a regression objective), its split thresholds chosen in
     float32 on the training ``rows`` (:func:`~training.export.trees.lightgbm_float32_splits`),
     and those splits."""
+    booster = model.booster_ if isinstance(model, lgb.LGBMModel) else model
+    digest = hashlib.sha256(np.ascontiguousarray(rows, dtype=np.float64).tobytes()).hexdigest()
+    key = (id(booster), width, digest)
+    if key in _CONVERTED and _CONVERTED[key][0] is booster:
+        return _CONVERTED[key][1], _CONVERTED[key][2]
+    onnx_bytes, splits = _convert_lightgbm(booster, width, rows)
+    if len(_CONVERTED) >= 64:
+        _CONVERTED.pop(next(iter(_CONVERTED)))
+    _CONVERTED[key] = (booster, onnx_bytes, splits)
+    return onnx_bytes, splits
+
+
+def _convert_lightgbm(
+    booster: lgb.Booster, width: int, rows: FloatArray
+) -> tuple[bytes, Float32Splits]:
     import onnxmltools
     from onnxmltools.convert.common.data_types import FloatTensorType
 
-    booster = model.booster_ if isinstance(model, lgb.LGBMModel) else model
     rewritten, splits = lightgbm_float32_splits(booster, rows)
     onx = onnxmltools.convert_lightgbm(  # a classifier's booster converts as the classifier
         rewritten,
@@ -278,10 +300,41 @@ def _export_gbrt(est: AdaptGbrt, rows: FloatArray) -> ExportedSystem:
     )
 
 
+def confidence_gate_onnx(f1: bytes) -> bytes:
+    """f1's graph followed by ``score = -max(probabilities)`` (N, 1): a confidence gate over
+    f1's inputs (its other outputs dropped)."""
+    model = onnx.load_from_string(f1)
+    graph = model.graph
+    names = [o.name for o in graph.output]
+    source = "probabilities" if "probabilities" in names else names[-1]
+    graph.node.extend(
+        [
+            helper.make_node("ReduceMax", [source], ["top_probability"], axes=[1], keepdims=1),
+            helper.make_node("Neg", ["top_probability"], ["score"]),
+        ]
+    )
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("score", TensorProto.FLOAT, [None, 1]))
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def _export_confidence(est: ConfidenceGate, rows: FloatArray) -> ExportedSystem:
+    f1 = _export_gbrt(est.source, rows).f1
+    if f1.onnx is None:  # a constant f1 routes all items or none: not a gate
+        raise GatingExportMismatch("a confidence gate needs an f1 that reads some feature")
+    gate = ExportedGate(
+        confidence_gate_onnx(f1.onnx), list(f1.columns), est.routing_threshold(), splits=f1.splits
+    )
+    return ExportedSystem(gate, f1)
+
+
 def export_system(est: Gated, rows: FloatArray) -> ExportedSystem:
     """The gate and f1 of a fitted gated system, as ONNX over the columns each one uses.
     ``rows``: the rows it was trained on (tree thresholds are chosen in float32 so that each
     of their values stays on its side of every split)."""
+    if isinstance(est, ConfidenceGate):
+        return _export_confidence(est, np.asarray(rows, dtype=np.float64))
     if isinstance(est, AdaptGbrt):
         return _export_gbrt(est, np.asarray(rows, dtype=np.float64))
     if isinstance(est, AdaptLin):
@@ -301,7 +354,8 @@ def export_f0(model: Any, width: int, rows: FloatArray) -> ExportedModel:
 
 
 def system_outputs(est: Gated, X: FloatArray) -> tuple[npt.NDArray[np.bool_], FloatArray]:
-    """What the fitted estimator does on rows ``X``: (sent to f0, f1's probabilities)."""
+    """What the fitted estimator does on rows ``X``: (sent to the high-cost model, f1's
+    probabilities)."""
     if isinstance(est, L1Baseline):
         return est.route(X), est._f1_proba_z(est._z(X))
     return est.route(X), est.f1_proba(X)

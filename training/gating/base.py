@@ -102,6 +102,47 @@ def _check_f0_param(f0: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# grouped features: a sensor's columns, its cost paid once
+# --------------------------------------------------------------------------------------------
+
+
+def check_feature_groups(groups: Any, costs: FloatArray) -> list[IntArray]:
+    """The column groups of a gated system (a sensor's columns: its cost is paid once,
+    whatever columns of it are read): ``None`` is one group per column; otherwise every
+    column in exactly one group, and a group's columns carry the same cost (the sensor's)."""
+    k = costs.shape[0]
+    if groups is None:
+        return [np.asarray([c], dtype=np.int64) for c in range(k)]
+    out = [np.asarray(list(g), dtype=np.int64) for g in groups]
+    seen = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    if any(g.size == 0 for g in out) or np.sort(seen).tolist() != list(range(k)):
+        raise ValueError(
+            f"feature_groups must put each of the {k} columns in exactly one non-empty group "
+            f"(a sensor's columns), got {[g.tolist() for g in out]}"
+        )
+    for g in out:
+        if not np.all(costs[g] == costs[g[0]]):
+            raise ValueError(
+                f"the columns {g.tolist()} of one group have costs {costs[g].tolist()}; a "
+                "group is one sensor with one cost: give each of its columns that cost"
+            )
+    return out
+
+
+def groups_cost(groups: list[IntArray], costs: FloatArray, columns: Any) -> float:
+    """The cost of reading ``columns``: each group touched paid once."""
+    used = set(np.asarray(columns, dtype=np.int64).tolist())
+    return float(sum(costs[g[0]] for g in groups if used & set(g.tolist())))
+
+
+def expand_to_groups(groups: list[IntArray], columns: Any) -> IntArray:
+    """``columns`` completed to whole groups, in column order."""
+    used = set(np.asarray(columns, dtype=np.int64).tolist())
+    out = sorted(c for g in groups if used & set(g.tolist()) for c in g.tolist())
+    return np.asarray(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
 # ADAPT-LIN
 # --------------------------------------------------------------------------------------------
 

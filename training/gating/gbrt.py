@@ -61,6 +61,9 @@ from training.gating.base import (
     IntArray,
     _fit_f0,
     _GatedClassifier,
+    check_feature_groups,
+    expand_to_groups,
+    groups_cost,
 )
 from training.gating.solvers import q_step
 
@@ -107,6 +110,14 @@ class AdaptGbrt(_GatedClassifier):
         mean(q)) or "value" (g(x) > ``route_threshold``); see :meth:`routing_threshold`
     route_threshold : float, the threshold of the "value" rule (the sweep sets it on
         validation rows)
+    feature_groups : list of column lists, or None (each column its own)
+        Sensors of several columns: a sensor's cost is paid once, whatever columns of it
+        either ensemble reads. Each of its columns carries the sensor's cost in
+        ``feature_costs``; a column's penalty is that cost until the block of trees in which
+        any column of its sensor is first used, 0 afterwards (within one block LightGBM
+        charges the columns separately, so two new columns of one sensor in the same block
+        are charged twice: an approximation of the training penalty only; ``low_cost_`` and
+        the exported points pay each sensor once).
     f1_cv : int >= 2 or None
         Folds for f1's *cross-fitted* losses in the q-step (None: f1's in-sample losses, as
         in the paper). f0's losses in B_i are out-of-fold (``f0_cv``); a boosted f1 fits its
@@ -125,7 +136,8 @@ class AdaptGbrt(_GatedClassifier):
     --------------------------
     classes_, n_features_in_, costs_, f0_, f1_booster_ (LightGBM multiclass Booster on all
     columns), gate_booster_ (cross-entropy Booster, raw score = g(x); None when P_full = 0),
-    f1_features_, gate_features_, low_cost_features_ (g ∪ f1), low_cost_, full_cost_, q_, beta_,
+    f1_features_, gate_features_ (the columns each reads, completed to whole groups),
+    low_cost_features_ (g ∪ f1), low_cost_, full_cost_ (each group paid once), groups_, q_, beta_,
     objective_ (OPT value after each round).
     """
 
@@ -145,8 +157,10 @@ class AdaptGbrt(_GatedClassifier):
         route_rule: str = "zero",
         route_threshold: float = 0.0,
         f1_cv: int | None = None,
+        feature_groups: Any = None,
         random_state: int | None = 0,
     ) -> None:
+        self.feature_groups = feature_groups
         self.f1_cv = f1_cv
         self.route_rule = route_rule
         self.route_threshold = route_threshold
@@ -230,11 +244,13 @@ class AdaptGbrt(_GatedClassifier):
             for tr, te in splitter.split(np.zeros(y_idx.size), y_idx)
         ]
 
-    @staticmethod
-    def _used(booster: lgb.Booster | None, k: int) -> BoolArray:
-        if booster is None:
-            return np.zeros(k, dtype=np.bool_)
-        return np.asarray(booster.feature_importance("split") > 0, dtype=np.bool_)
+    def _used(self, booster: lgb.Booster | None, k: int) -> BoolArray:
+        """The columns the booster splits on, completed to whole groups (sensors)."""
+        used = np.zeros(k, dtype=np.bool_)
+        if booster is not None:
+            split = np.flatnonzero(booster.feature_importance("split") > 0)
+            used[expand_to_groups(self.groups_, split)] = True
+        return used
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> AdaptGbrt:
         self._validate_params_()
@@ -242,9 +258,11 @@ class AdaptGbrt(_GatedClassifier):
         n, k = Xa.shape
         m = classes.size
         costs = check_costs(self.feature_costs, k)
+        groups = check_feature_groups(self.feature_groups, costs)
         self.classes_ = classes
         self.n_features_in_ = k
         self.costs_ = costs
+        self.groups_ = groups
         p_full = float(self.p_full)
         if p_full > 0.0:
             fitted = _fit_f0(
@@ -301,7 +319,7 @@ class AdaptGbrt(_GatedClassifier):
             loss1 = -log_softmax(F_cf if folds else F, axis=1)[np.arange(n), y_idx]
             A = loss1 + np.logaddexp(0.0, G)
             B = loss0 + np.logaddexp(0.0, -G)
-            cost_term = float(self.lam) * float(costs[used].sum())
+            cost_term = float(self.lam) * groups_cost(groups, costs, np.flatnonzero(used))
             history.append(float(np.mean((1 - q) * A + q * B - _entropy(q))) + cost_term)
         self.f1_booster_ = f1_booster
         self.gate_booster_ = g_booster
@@ -310,8 +328,8 @@ class AdaptGbrt(_GatedClassifier):
         self.low_cost_features_ = np.union1d(self.f1_features_, self.gate_features_).astype(
             np.int64
         )
-        self.low_cost_ = float(costs[self.low_cost_features_].sum())
-        self.full_cost_ = float(costs.sum())
+        self.low_cost_ = groups_cost(groups, costs, self.low_cost_features_)
+        self.full_cost_ = groups_cost(groups, costs, np.arange(k))
         self.q_ = q
         self.beta_ = beta
         self.objective_ = history

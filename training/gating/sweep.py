@@ -141,7 +141,8 @@ def fit_config(
     raise ValueError(f"unknown gating method {config.method!r}; known: {list(METHODS)}")
 
 
-def _score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float, float]:
+def score(est: Gated, X: FloatArray, y: npt.NDArray[Any]) -> tuple[float, float, float]:
+    """A system's accuracy, average feature cost and fraction routed on rows ``X``."""
     routed = est.route(X)
     return (
         float(np.mean(est.predict(X) == y)),
@@ -256,7 +257,7 @@ def sweep(
         if X_test is not None and y_test is not None:
             test_f1 = _f1_accuracy(est, X_test, y_test)
         for variant, extra in variants:
-            acc, cost, frac = _score(variant, X_val, y_val)
+            acc, cost, frac = score(variant, X_val, y_val)
             point = SweepPoint(
                 config.method,
                 config.p_full,
@@ -270,7 +271,7 @@ def sweep(
                 test_f1_accuracy=test_f1,
             )
             if X_test is not None and y_test is not None:
-                point.test_accuracy, point.test_cost, point.test_fraction_full = _score(
+                point.test_accuracy, point.test_cost, point.test_fraction_full = score(
                     variant, X_test, y_test
                 )
             points.append(point)

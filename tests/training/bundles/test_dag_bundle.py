@@ -27,6 +27,8 @@ SPEC = DagSpec(
     sensors={"r": ["r"], "a": ["a1", "a2"], "b": ["b1", "b2"]},
     costs={"r": 1.0, "a": 5.0, "b": 5.0},
     cost_scales=[0.0, 0.03, 0.3],
+    bank="learner",  # as the router fixture (tests/conftest.py): the DAG's walks alone
+    fixed=False,
 )
 
 pytestmark = pytest.mark.redis  # rows are acquired from a real Redis

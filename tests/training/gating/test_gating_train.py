@@ -256,21 +256,26 @@ def test_cli_builds_a_valid_gating_bundle(tmp_path: Path) -> None:
             assert (out / point.gate_file).is_file()
         assert 0 <= point.mean_cost <= full + 1e-9
     # the exported points (after f0) are the validation Pareto set: on validation rows they
-    # rise in accuracy with cost; the manifest's own numbers are the test rows'
+    # rise in accuracy with cost; the manifest's own numbers, which the service chooses by,
+    # are the validation rows' too (never a test row's)
     sweep = {p["id"]: p for p in manifest.provenance.parameters["sweep"]}
     rest = [sweep[p.id] for p in strategy.points[1:]]
     for a, b in itertools.pairwise(rest):
         assert a["validation_cost"] <= b["validation_cost"]
         assert a["validation_accuracy"] < b["validation_accuracy"]
     for point in strategy.points[1:]:
-        assert point.accuracy == sweep[point.id]["test_accuracy"]
-        assert point.mean_cost == pytest.approx(sweep[point.id]["test_cost"])
+        assert point.accuracy == sweep[point.id]["validation_accuracy"]
+        assert point.mean_cost == pytest.approx(sweep[point.id]["validation_cost"])
+        assert point.fraction_full == sweep[point.id]["validation_fraction_full"]
+    f0_val = manifest.provenance.parameters["f0_accuracy"]["validation"]
+    assert manifest.model("f0").accuracy == f0_val
 
 
 @pytest.mark.parametrize(
     ("change", "msg"),
     [
-        ({"sensors": {"ab": ["f0", "f1"]}}, "one column per sensor"),
+        ({"sensors": {"ab": ["f0", "f1"]}, "methods": ["adapt-lin"]}, "one column per sensor"),
+        ({"fixed": {"learners": ["svm"]}}, "fixed learners must be"),
         ({"methods": ["adapt-xyz"]}, "unknown gating method"),
         ({"grid": [{"method": "l1"}]}, "grid entries are"),
         ({"f0": "svm"}, "f0 must be one of"),
@@ -349,6 +354,7 @@ def test_a_trained_gating_bundle_is_served_exactly_as_trained(
             {"method": "l1", "p_full": 0.0, "regularisation": 0.1},
         ],
         pareto=False,  # every configuration, so both routing rules and both branches are served
+        fixed=False,  # (the fixed points are served by tests/service; f0 as the high model)
     )
     out = tmp_path / "served"
     result = build_gating_bundle(out, spec, X, y, cols)

@@ -1,0 +1,168 @@
+"""The best fixed sensor subsets every tabular bundle carries (issue 25), against brute force:
+on a problem small enough that every subset can be fitted alone, the point a served budget
+chooses is the most accurate one on the validation rows among every subset that fits and
+every adaptive point; and the DAG's tuned bank is never weaker on validation than a state's
+subset fitted alone with the DAG's learners."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.bundle import DagStrategy, FixedPoint
+from service.registry import load_bundle
+from service.strategies.dag import DagRuntime
+from service.strategies.fixed import Option, capped_at, pick
+from training.bundles.dag import DagSpec, build_dag_bundle
+from training.dag import DagClassifier
+from training.dag.learners import make_classifier
+from training.fixed_subsets import FixedSearch, FixedSubsets, fit_subset
+
+COLUMNS = ["a", "b1", "b2", "c"]
+SENSORS = {"a": ["a"], "b": ["b1", "b2"], "c": ["c"]}
+COSTS = {"a": 1.0, "b": 2.0, "c": 4.0}
+# small trees and few of them: the test is about the choice, not the learners' strength
+SEARCH = {"num_leaves": [7], "max_trees": 40, "patience": 10}
+
+
+def _data(n: int = 700, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, len(COLUMNS)))
+    score = 1.2 * x[:, 0] + np.where(x[:, 0] > 0, x[:, 1] - x[:, 2], 2.0 * x[:, 3])
+    y = np.where(score + 0.3 * rng.normal(size=n) > 0, "yes", "no")
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DagSpec, np.ndarray, np.ndarray]:
+    x, y = _data()
+    spec = DagSpec(
+        name="trio",
+        label="label",
+        sensors=dict(SENSORS),
+        costs=dict(COSTS),
+        cost_scales=[0.0, 0.05, 0.3],
+        refine_scales=0,
+        learner="linear",
+        fixed=dict(SEARCH),
+        fixed_margin=0.0,  # any validation gain: the DAG's points are chosen at some budgets
+    )
+    out = tmp_path_factory.mktemp("fixed") / "trio"
+    build_dag_bundle(out, spec, x, y, COLUMNS)
+    return out, spec, x, y
+
+
+def test_every_budget_gets_the_best_point_on_validation_by_brute_force(
+    built: tuple[Path, DagSpec, np.ndarray, np.ndarray],
+) -> None:
+    out, spec, x, y = built
+    x_train, x_val, _, y_train, y_val, _ = spec.split(x, y)
+    classes, y_idx = np.unique(y_train, return_inverse=True)
+    y_val_idx = np.searchsorted(classes, y_val)
+    search = FixedSearch.from_mapping(SEARCH)
+    # Brute force: every subset of the 3 sensors fitted alone, its validation accuracy.
+    position = {c: i for i, c in enumerate(COLUMNS)}
+    subsets: dict[tuple[str, ...], tuple[float, float]] = {}
+    for k in range(len(SENSORS) + 1):
+        for subset in itertools.combinations(SENSORS, k):
+            cols = [position[c] for s in subset for c in SENSORS[s]]
+            _, _, accuracy = fit_subset(x_train, y_idx, x_val, y_val_idx, cols, search)
+            subsets[subset] = (sum(COSTS[s] for s in subset), accuracy)
+    assert len(subsets) == 8
+    bundle = load_bundle(out, 1 << 20)
+    runtime = bundle.strategy("dag")
+    assert isinstance(runtime, DagRuntime)
+    spec_dag = bundle.manifest.strategy("dag")
+    assert isinstance(spec_dag, DagStrategy) and spec_dag.fixed
+    assert spec_dag.margin == 0.0 and spec_dag.validation_rows == len(y_val)
+    kinds = set()
+    for p in spec_dag.policies:  # uncapped, a point's walks give its own numbers
+        assert p.capped[-1].accuracy == pytest.approx(1.0 - p.error)
+        assert p.capped[-1].mean_cost == pytest.approx(p.mean_cost)
+    for budget in (0.5, 1.0, 1.5, 2.0, 3.0, 3.5, 5.0, 6.0, 7.0, 8.0):
+        chosen = runtime.choose(budget)
+        # a DAG point is worth its validation accuracy with every walk stopped at the budget
+        capped = {
+            id(p): at.accuracy
+            for p in spec_dag.policies
+            if (at := capped_at(p.capped, budget)) is not None
+        }
+        fixed_best = max(acc for cost, acc in subsets.values() if cost <= budget)
+        adaptive_best = max(capped.values(), default=0.0)
+        # an adaptive point is ranked one standard error of the best fixed subset down
+        down = spec_dag.margin * math.sqrt(fixed_best * (1 - fixed_best) / len(y_val))
+        if isinstance(chosen, FixedPoint):
+            rank = chosen.accuracy
+            features = bundle.manifest.model(chosen.model).features
+            assert sum(COSTS[f] for f in features) <= budget
+        else:
+            rank = capped[id(chosen.spec)] - down
+            assert rank >= fixed_best, "an adaptive point only where it beats the fixed subset"
+        assert rank == pytest.approx(max(fixed_best, adaptive_best - down)), budget
+        kinds.add(type(chosen).__name__)
+    assert kinds == {"FixedPoint", "_Policy"}, "both kinds of point are chosen somewhere"
+
+
+def test_an_adaptive_point_must_beat_the_fixed_subset_by_more_than_the_noise() -> None:
+    fixed = Option(2.0, 0.80, "fixed", fixed=True)
+    close, clear = Option(1.5, 0.81, "close"), Option(1.5, 0.83, "clear")
+    # one standard error of 0.80 on 1000 rows: 1.26 points
+    assert pick([fixed, close], 0.0, margin=1.0, rows=1000) is fixed
+    assert pick([fixed, clear], 0.0, margin=1.0, rows=1000) is clear
+    assert pick([fixed, close], 0.0) is close, "no margin: any gain"
+    assert pick([close], 0.0, margin=1.0, rows=1000) is close, "no fixed subset to beat"
+
+
+def test_a_request_tolerance_trades_validation_accuracy_for_cost(
+    built: tuple[Path, DagSpec, np.ndarray, np.ndarray],
+) -> None:
+    out, *_ = built
+    bundle = load_bundle(out, 1 << 20)
+    runtime = bundle.strategy("dag")
+    assert isinstance(runtime, DagRuntime) and runtime.tolerance == 0.0
+
+    def cost_and_accuracy(chosen: object) -> tuple[float, float]:
+        if isinstance(chosen, FixedPoint):
+            features = bundle.manifest.model(chosen.model).features
+            return sum(COSTS[f] for f in features), chosen.accuracy
+        at = capped_at(chosen.spec.capped, 8.0)  # type: ignore[attr-defined]
+        assert at is not None
+        return at.mean_cost, at.accuracy
+
+    strict = cost_and_accuracy(runtime.choose(8.0))
+    loose = runtime.with_options(tolerance=0.5)
+    assert isinstance(loose, DagRuntime) and runtime.tolerance == 0.0, "a copy, not the runtime"
+    cheap = cost_and_accuracy(loose.choose(8.0))
+    assert cheap[0] < strict[0] and cheap[1] >= strict[1] - 0.5
+    assert cheap[0] == 0.0, "within 0.5 of the best, the free prior is the cheapest"
+    with pytest.raises(ValueError, match="takes no per-request 'budget_split'"):
+        runtime.with_options(budget_split=1.0)
+
+
+def test_the_tuned_bank_is_never_weaker_on_validation_than_the_subset_alone() -> None:
+    x, y = _data(500, seed=5)
+    sensors = {"a": [0], "b": [1, 2], "c": [3]}
+    x_train, x_val, y_train, y_val = x[:300], x[300:], y[:300], y[300:]
+    # the DAG's own learners among the candidates (the DAG builder adds its `learner`)
+    search = FixedSearch.from_mapping(SEARCH | {"learners": ["lightgbm", "gbrt", "linear"]})
+    bank = FixedSubsets(x_train, y_train, x_val, y_val, sensors, COSTS, search)
+    model = DagClassifier(sensors=sensors, costs=COSTS, learner="gbrt", folds=3, bank=bank)
+    model.fit(x_train, y_train)
+    classes = model.classes_
+    for state in model.states_:
+        cols = model.state_columns(state)
+        if not cols:
+            continue
+        own = model.classifiers_[state]
+        mine = np.mean(classes[np.argmax(own.predict_proba(x_val[:, cols]), axis=1)] == y_val)
+        y_idx = np.searchsorted(classes, y_train)
+        for learner in ("gbrt", "linear"):
+            alone = make_classifier(learner, 1.0, 0).fit(x_train[:, cols], y_idx)
+            theirs = np.mean(classes[alone.predict(x_val[:, cols])] == y_val)
+            assert mine >= theirs, (model.state_sensors(state), learner, mine, theirs)
+    with pytest.raises(ValueError, match="other rows than the X given to fit"):
+        DagClassifier(sensors=sensors, costs=COSTS, bank=bank).fit(x_val, y_val)
