@@ -18,10 +18,12 @@ REST ones (``budget`` or ``total_budget``, ``strategy``, ``accounting``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -34,7 +36,7 @@ from pydantic import ValidationError
 
 from service import errors
 from service.grpc_api import inference_pb2 as pb
-from service.http import v2
+from service.http import requestlog, v2
 from service.http.state import AppState
 from service.http.v2_schemas import InferenceRequest, InferenceResponse
 from service.server import worker_count
@@ -83,28 +85,68 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp", bound=Message)
 
 
+#: What an RPC tells its request line (``ModelInfer``: model, version, strategy, budget,
+#: spent, cached, outcome), as ``request.state.summary`` does over HTTP.
+_summary: ContextVar[dict[str, Any]] = ContextVar("budgetserve_grpc_summary")
+
+
+def _peer(context: Any) -> tuple[str, int] | None:
+    """The client's address from gRPC's peer string (``ipv4:127.0.0.1:5555``,
+    ``ipv6:[::1]:5555``), as an ASGI scope's ``client``."""
+    kind, _, address = str(context.peer() or "").partition(":")
+    host, _, port = address.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
 def _rpc(
     method: Callable[[S, Req, Any], Awaitable[Resp]],
 ) -> Callable[[S, Req, Any], Awaitable[Resp]]:
     """Answer an error of the taxonomy with its status code and message (``Retry-After``
     as the ``retry-after`` trailing metadata when overloaded); anything else is INTERNAL,
-    logged, its type named."""
+    logged, its type named. Every RPC writes one request line, as an HTTP request does
+    (``budgetserve.request``; the health RPCs at DEBUG), its status the gRPC code's name, and
+    carries an ``x-request-id`` (the client's metadata, if sensible, or a new one) in its
+    records and its trailing metadata."""
 
     @functools.wraps(method)
     async def call(self: S, request: Req, context: Any) -> Resp:
+        metadata = dict(context.invocation_metadata() or ())
+        raw = metadata.get(requestlog.HEADER)
+        rid = requestlog.accept_id(raw.encode() if isinstance(raw, str) else None)
+        tokens = (requestlog.request_id.set(rid), _summary.set({}))
+        started = time.perf_counter()
+        status = grpc.StatusCode.OK
+        trailing: tuple[tuple[str, str], ...] = ((requestlog.HEADER, rid),)
         try:
-            return await method(self, request, context)
-        except errors.BudgetServeError as exc:
-            metadata: tuple[tuple[str, str], ...] = ()
-            if isinstance(exc, errors.Overloaded):
-                metadata = (("retry-after", str(exc.retry_after_s)),)
-            await context.abort(status_code(exc), exc.message, metadata)
-        except Exception as exc:
-            if isinstance(exc, grpc.aio.AbortError):
+            try:
+                context.set_trailing_metadata(trailing)
+                return await method(self, request, context)
+            except errors.BudgetServeError as exc:
+                status = status_code(exc)
+                if isinstance(exc, errors.Overloaded):
+                    trailing += (("retry-after", str(exc.retry_after_s)),)
+                await context.abort(status, exc.message, trailing)
+            except asyncio.CancelledError:
+                status = grpc.StatusCode.CANCELLED
                 raise
-            log.exception("unexpected error in %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
-        raise AssertionError("unreachable: context.abort raises")
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                log.exception("unexpected error in %s", method.__name__)
+                status = grpc.StatusCode.INTERNAL
+                await context.abort(status, f"internal error: {type(exc).__name__}", trailing)
+            raise AssertionError("unreachable: context.abort raises")
+        finally:
+            scope: dict[str, Any] = {
+                "path": f"/{SERVICE}/{method.__name__}",
+                "method": "grpc",
+                "client": _peer(context),
+            }
+            requestlog.log_request(scope, rid, status.name, started, _summary.get())
+            _summary.reset(tokens[1])
+            requestlog.request_id.reset(tokens[0])
 
     return call
 
@@ -267,7 +309,8 @@ class InferenceServicer:
         async def read() -> tuple[InferenceRequest, list[bytes | None]]:
             return to_request(request)
 
-        summary: dict[str, Any] = {"model": request.model_name, "version": version}
+        summary = _summary.get()
+        summary.update(model=request.model_name, version=version)
         response = await v2.observed_infer(
             self.state, request.model_name, version, read, received, summary
         )

@@ -32,7 +32,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
 _VALID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces, at most 128
-PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+PROBES = frozenset(
+    {"/healthz", "/readyz", "/metrics"}
+    | {
+        f"/inference.GRPCInferenceService/{rpc}"
+        for rpc in ("ServerLive", "ServerReady", "ModelReady")
+    }
+)
 
 request_id: ContextVar[str | None] = ContextVar("budgetserve_request_id", default=None)
 log = logging.getLogger("budgetserve.request")
@@ -86,10 +92,15 @@ class RequestLog:
 
 
 def log_request(
-    scope: Scope, rid: str, status: int, started: float, summary: dict[str, Any] | None
+    scope: Scope | dict[str, Any],
+    rid: str,
+    status: int | str,
+    started: float,
+    summary: dict[str, Any] | None,
 ) -> None:
-    """The request's one log line: client, method, path, status, duration (from
-    ``started``, a ``perf_counter()``) and the endpoint's ``summary``; probes at DEBUG."""
+    """The request's one log line: client, method, path, status (HTTP's number, or a gRPC
+    code's name), duration (from ``started``, a ``perf_counter()``) and the endpoint's
+    ``summary``; probes at DEBUG."""
     path = scope.get("path", "")
     level = logging.DEBUG if path in PROBES else logging.INFO
     if not log.isEnabledFor(level):

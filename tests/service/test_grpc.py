@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +317,47 @@ def test_shipped_stubs_match_the_proto(tmp_path: Path) -> None:
         assert generated == (root / "service" / "grpc_api" / name).read_text(), (
             f"{name} is stale: run `make grpc-stubs`"
         )
+
+
+def test_every_rpc_writes_one_request_line_with_what_it_spent(
+    client: tgrpc.InferenceServerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="budgetserve.request")
+    image = tgrpc.InferInput("IMAGE", [1], "BYTES")
+    image.set_data_from_numpy(np.array([png_bytes(4, 64)], dtype=np.object_))
+    result = client.infer(
+        "digits", [image], parameters={"budget": 1000.0}, headers={"x-request-id": "grpc-7"}
+    )
+    report = json.loads(result.as_numpy("RESPONSE")[0])
+    with pytest.raises(InferenceServerException):
+        client.infer("nope", [image], parameters={"budget": 5.0}, headers={"x-request-id": "g8"})
+    assert client.is_server_live()
+
+    def line(rid: str) -> dict[str, Any]:
+        # the server answers on its own thread: its line may land just after the client's
+        for _ in range(100):
+            found = [
+                r
+                for r in caplog.records
+                if r.name == "budgetserve.request" and r.fields["request_id"] == rid  # type: ignore[attr-defined]
+            ]
+            if found:
+                (record,) = found
+                assert record.levelno == logging.INFO
+                return record.fields  # type: ignore[attr-defined, no-any-return]
+            time.sleep(0.02)
+        raise AssertionError(f"no request line for {rid}")
+
+    ok = line("grpc-7")
+    assert ok["method"] == "grpc" and ok["path"] == "/inference.GRPCInferenceService/ModelInfer"
+    assert ok["status"] == "OK" and ok["outcome"] == "ok" and ok["model"] == "digits"
+    assert ok["spent"] == report["cost"]["spent"] and ok["budget"] == 1000.0
+    assert ok["client"].startswith("127.0.0.1:")
+    missing = line("g8")
+    assert missing["status"] == "NOT_FOUND" and missing["outcome"] == "model_not_found"
+    live = [
+        r
+        for r in caplog.records
+        if r.name == "budgetserve.request" and r.fields["path"].endswith("/ServerLive")  # type: ignore[attr-defined]
+    ]
+    assert live and all(r.levelno == logging.DEBUG for r in live)  # a probe
