@@ -361,3 +361,21 @@ def test_every_rpc_writes_one_request_line_with_what_it_spent(
         if r.name == "budgetserve.request" and r.fields["path"].endswith("/ServerLive")  # type: ignore[attr-defined]
     ]
     assert live and all(r.levelno == logging.DEBUG for r in live)  # a probe
+
+
+def test_the_request_id_comes_back_as_trailing_metadata(ports: Ports) -> None:
+    import grpc
+
+    from service.grpc_api import inference_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+        live = channel.unary_unary(
+            "/inference.GRPCInferenceService/ServerLive",
+            request_serializer=pb.ServerLiveRequest.SerializeToString,
+            response_deserializer=pb.ServerLiveResponse.FromString,
+        )
+        answer, call = live.with_call(pb.ServerLiveRequest(), metadata=[("x-request-id", "t-1")])
+        assert answer.live and ("x-request-id", "t-1") in call.trailing_metadata()
+        _, fresh = live.with_call(pb.ServerLiveRequest(), metadata=[("x-request-id", "a b")])
+        (rid,) = [v for k, v in fresh.trailing_metadata() if k == "x-request-id"]
+        assert len(rid) == 32 and rid != "a b"  # not a sensible id: a new one
