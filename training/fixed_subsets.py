@@ -289,6 +289,14 @@ class FixedSubsets:
             np.bincount(self.y_idx, minlength=self.classes.size) / self.y_idx.size
         ).tolist()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (shipped to another process with an estimator that holds it as its bank)
+        without its executor: the executor's progress hook holds the display's lock, and a
+        copy elsewhere fits inline anyway."""
+        state = dict(self.__dict__)
+        state["executor"] = INLINE
+        return state
+
     def ordered(self, subset: Iterable[str]) -> tuple[str, ...]:
         wanted = set(subset)
         unknown = wanted - set(self.names)

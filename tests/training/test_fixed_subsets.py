@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from service.strategies.fixed import Option, capped_at, pick
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.dag import DagClassifier
 from training.dag.learners import make_classifier
+from training.executor import LocalExecutor
 from training.fixed_subsets import FixedSearch, FixedSubsets, fit_subset
 
 COLUMNS = ["a", "b1", "b2", "c"]
@@ -166,3 +169,36 @@ def test_the_tuned_bank_is_never_weaker_on_validation_than_the_subset_alone() ->
             assert mine >= theirs, (model.state_sensors(state), learner, mine, theirs)
     with pytest.raises(ValueError, match="other rows than the X given to fit"):
         DagClassifier(sensors=sensors, costs=COSTS, bank=bank).fit(x_val, y_val)
+
+
+class _LockedHook:
+    """A progress hook like the CLI's: it holds a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.calls = 0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        with self.lock:
+            self.calls += 1
+
+
+def test_a_dag_with_a_tuned_bank_ships_to_other_processes_without_its_executor() -> None:
+    # Ray and process pools pickle the estimator (its bank with it); the executor's progress
+    # hook holds the display's lock, which cannot be pickled (a CI run with `--executor ray`
+    # failed so): the bank travels without its executor and fits inline wherever it lands.
+    x, y = _data(300, seed=7)
+    sensors = {"a": [0], "b": [1, 2], "c": [3]}
+    executor = LocalExecutor(n_jobs=1)
+    executor.progress = _LockedHook()
+    search = FixedSearch.from_mapping(SEARCH)
+    with executor:
+        bank = FixedSubsets(x[:200], y[:200], x[200:], y[200:], sensors, COSTS, search, 0, executor)
+        model = DagClassifier(sensors=sensors, costs=COSTS, learner="linear", folds=2, bank=bank)
+        model.fit(x[:200], y[:200])
+        with pytest.raises(TypeError):
+            pickle.dumps(executor)  # what the bank holds while it builds
+        copy = pickle.loads(pickle.dumps(model))
+    assert copy.bank.executor.kind == "inline" and bank.executor is executor
+    assert executor.progress.calls > 0  # the bank's fits went through this executor
+    np.testing.assert_array_equal(copy.predict(x[200:]), model.predict(x[200:]))
