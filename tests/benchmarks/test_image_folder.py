@@ -15,7 +15,10 @@ from benchmarks.tabular_gaps import COLUMNS, PIMA, blank
 from service.items import decode_image
 
 
-@pytest.mark.skipif(not OCR_FILE.is_file(), reason="the shared OCR letters are not beside us")
+@pytest.mark.skipif(
+    not OCR_FILE.is_file(),
+    reason="the shared datasets are not beside this checkout (../shared/datasets/ocr-letters)",
+)
 def test_letter_folders_are_an_image_folder_of_held_out_words(tmp_path: Path) -> None:
     done = write_folders(tmp_path, classes=3, train_per_class=4, test_per_class=2, seed=1)
     assert done.classes == ["n", "e", "i"] and done.counts == {"train": 12, "test": 6}
@@ -34,7 +37,10 @@ def test_letter_folders_are_an_image_folder_of_held_out_words(tmp_path: Path) ->
     assert {int(data["folds"][word[int(r)]]) for r in held} <= {8, 9}
 
 
-@pytest.mark.skipif(not PIMA.is_file(), reason="the shared pima file is not beside us")
+@pytest.mark.skipif(
+    not PIMA.is_file(),
+    reason="the shared datasets are not beside this checkout (../shared/datasets/pima)",
+)
 def test_pima_is_blanked_a_tenth_and_never_the_label(tmp_path: Path) -> None:
     target = tmp_path / "gaps.csv"
     count = blank(PIMA, target)

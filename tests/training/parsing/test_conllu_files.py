@@ -14,7 +14,11 @@ from training.parsing.data import read_conllu, read_split
 
 EWT = Path(__file__).resolve().parents[3].parent / "shared" / "datasets" / "ud-english-ewt"
 
-pytestmark = pytest.mark.skipif(not EWT.is_dir(), reason="the shared EWT treebank is missing")
+pytestmark = pytest.mark.skipif(
+    not EWT.is_dir(),
+    reason="the shared EWT treebank is not beside this checkout "
+    "(../shared/datasets/ud-english-ewt)",
+)
 
 
 def _first_sentences(split: str, count: int) -> str:

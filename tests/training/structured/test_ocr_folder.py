@@ -15,7 +15,8 @@ from training.structured.ocr import DEFAULT_DATA, load_ocr, write_ocr_folder
 DATA = Path(__file__).resolve().parents[3] / DEFAULT_DATA
 
 pytestmark = pytest.mark.skipif(
-    not DATA.is_file(), reason="the shared OCR data is not beside this checkout"
+    not DATA.is_file(),
+    reason="the shared OCR data is not beside this checkout (../shared/datasets/ocr-letters)",
 )
 
 
