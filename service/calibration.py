@@ -73,7 +73,7 @@ new samples arrived -- at the latest after ``refresh_every`` new samples (and im
 a buffer first reaches ``min_samples``) -- so ``factor`` is normally a couple of dict look-ups.
 ``record`` is O(1): one polynomial evaluation and one ring-buffer write under a short lock.
 
-It stays one module (over 450 lines): the rings, the contention factor and the forgetting
+The module stays whole (over 450 lines): the rings, the contention factor and the forgetting
 are one estimator whose state the planner reads through :class:`CostCalibrator` alone.
 """
 

@@ -28,6 +28,11 @@ any of its work), are sent again, up to ``retries`` more times, waiting ``Retry-
 most ``max_wait_s``) or else ``backoff_s`` × 2^k. Any other error answer is never retried: it
 raises :class:`ServiceError` with the service's status, error type, message and details.
 Predictions have no side effects, so sending one twice is safe.
+
+The module stays whole (over 450 lines): :class:`Client` and :class:`AsyncClient` mirror
+each other route by route over the shared request builders and error mapping (``_predict``,
+``_error``, ``_Base``);
+side by side, a route added to one is seen missing from the other.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The predict handler: plan, extract lazily, infer, account. Knows nothing of HTTP.
 
-It stays one module (over 450 lines): admission, the choice between the event loop and a
+The module stays whole (over 450 lines): admission, the choice between the event loop and a
 thread, planning and accounting all read one request's timeline (receipt, decoding, the
 wait, the work, the answer), which splitting would pass around piece by piece.
 """

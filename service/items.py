@@ -12,6 +12,10 @@ exactly the pixels the service extracts from. How colour reaches extractors is t
 ``item.channels``: ``gray`` (the default) decodes every image to one 2-D luma plane;
 ``rgb`` keeps three channels, (H, W, 3), for extractor plugins that read colour (the
 built-in extractors turn such an item into the same luma themselves).
+
+The module stays whole (over 450 lines): three small decoders (images, table rows, tokens)
+behind :func:`make_decoder`; most of the length is the image checks (header before pixels,
+formats, colour modes), which only :class:`ImageDecoder` uses and which belong beside it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 A bundle is ready once its manifest parsed, every extractor it names is installed at the
 recorded version, every ONNX model loaded and its strategy runtime was built. A bundle that
 fails any of these is kept out of service and reported with the reason.
+
+The module stays whole (over 450 lines): loading a bundle is one sequence (the manifest read
+within its cap, extractors, models, the runtime, the warm-up checks), and every step refuses
+a bundle through the same :class:`Failure` reporting that the folder scan and reloads use.
 """
 
 from __future__ import annotations

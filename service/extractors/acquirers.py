@@ -28,6 +28,10 @@ or key (those are internal); the server log has them, with the item's id.
 ``charge`` says what acquiring costs a request: ``"declared"`` (the bundle's declared cost
 of the sensor) or ``"measured"`` (the acquisition's wall time in milliseconds, for bundles
 whose cost unit is ``ms``; checked when the bundle loads).
+
+The module stays whole (over 450 lines): both built-in acquirers are thin ``fetch`` methods
+on :class:`SensorAcquirer`, which holds what every source must get the same way (given values
+first, one deadline per call, the circuit breaker, and which failures a client is told of).
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ at the request's size as Σ rate_f · c_f(n) and picks it under the budget. The 
 ``accuracy``, ``mean_cost`` and rates come from validation digits (nothing of the held-out
 digits enters a choice); the held-out numbers are in the provenance's sweep and
 ``result.points``.
+
+The module stays whole (over 450 lines): the digits and an image folder are two sources of
+rows (:class:`DigitRows`, :class:`ImageRows`) for one builder, :func:`build_cstc_image_bundle`,
+which is most of it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Greedy strategies:
 Its callers: the digits bundle (:mod:`training.bundles.digits`, scikit-learn's digits
 rendered at several sides) and any labelled image folder (:mod:`training.bundles.folder`,
 ``budgetserve-train images``).
+
+The module stays whole (over 450 lines): it is the one path every image builder ends in, the
+lattice evaluation, the export and the strategies running in sequence over one
+:class:`FeatureData`; a part alone would have no other caller.
 """
 
 from __future__ import annotations
