@@ -47,7 +47,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -183,44 +182,6 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-
-
-@contextmanager
-def redis_server() -> Iterator[str]:
-    import redis
-
-    port = free_port()
-    folder = tempfile.mkdtemp(prefix="probe-redis-")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            folder,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def build_router(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -587,6 +548,9 @@ def main() -> None:
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     up = f"http://127.0.0.1:{upstream.server_address[1]}"
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    sys.path.insert(0, str(ROOT))  # the checkout's benchmarks package (not installed)
+    from benchmarks.served import redis_server
+
     with redis_server() as redis_url:
         import redis
 
