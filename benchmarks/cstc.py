@@ -28,6 +28,7 @@ from sklearn.metrics import balanced_accuracy_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from benchmarks import served
 from benchmarks.report import OUT, machine, measured_at, prose
 from training.cstc import CSTCClassifier, CSTCRegressor
 from training.cstc.synthetic import QUADRANT_COSTS, imbalanced_cascade, quadrants
@@ -385,7 +386,6 @@ RUNNERS: dict[str, tuple[str, Callable[[], tuple[list[str], dict[str, Any]]]]] =
 # --------------------------------------------------------------------------------------------
 
 SERVED_TASKS = ("letter", "miniboone", "pima", "letter-a")
-FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
 
 
 def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
@@ -406,7 +406,7 @@ def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
             costs=task.costs,
             methods=list(methods),
             lambdas=lambdas,
-            fixed=FIXED_26 if task.key == "letter" else None,
+            fixed=served.FIXED_26 if task.key == "letter" else None,
             seed=seed,
         )
 
@@ -418,7 +418,6 @@ def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
     sensor read from Redis, and compare with the best fixed subset at every budget
     (``cstc_served.md``); on letter-A, CSCC's and Cronus's cascades are served without the
     fixed subsets, against each other."""
-    from benchmarks import served
     from training.bundles.cstc import build_cstc_bundle
 
     found, skipped = served.tasks(keys)

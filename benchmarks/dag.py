@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.exceptions import ConvergenceWarning
 
+from benchmarks import served
 from benchmarks.report import prose
 from service.types import FloatArray
 from training.dag import DagClassifier, sweep
@@ -1071,8 +1072,6 @@ def write_report(
 # Served: the DAG bundle against the best fixed subset (issue 25)
 # --------------------------------------------------------------------------------------------
 
-#: LightGBM for 26 classes is slow on the shared machine: fewer, faster trees, one size.
-FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
 SERVED_TASKS = ("letter", "miniboone", "pima")
 
 
@@ -1092,7 +1091,7 @@ def dag_spec(task: Any) -> Any:
             policy_learner="linear",
             n_subsets=7 if task.key == "miniboone" else None,
             folds=3,
-            fixed=FIXED_26 if task.key == "letter" else None,
+            fixed=served.FIXED_26 if task.key == "letter" else None,
             seed=seed,
         )
 
@@ -1102,7 +1101,6 @@ def dag_spec(task: Any) -> Any:
 def served_main(keys: Sequence[str] = SERVED_TASKS, out_dir: Path | str = DEFAULT_OUT) -> Path:
     """Build DAG bundles with the real builder, serve them over HTTP with every sensor read
     from Redis, and compare with the best fixed subset at every budget: ``dag_served.md``."""
-    from benchmarks import served
     from training.bundles.dag import build_dag_bundle
 
     found, skipped = served.tasks(keys)

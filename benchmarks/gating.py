@@ -34,6 +34,7 @@ import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import served
 from benchmarks.report import machine, measured_at, prose, wilson
 from training.data.uci import DATA, Split, load_letter, load_miniboone
 from training.gating import F0Choice, FittedF0, tune_gbrt_f0
@@ -579,7 +580,6 @@ SERVED_GRID = [
     for p in (0.1, 0.3)
     for lam in (1e-3, 1e-2)
 ] + [{"method": "greedymiser", "p_full": 0.0, "regularisation": lam} for lam in (1e-3, 1e-2, 0.1)]
-FIXED_26 = {"num_leaves": [31], "learning_rate": 0.2, "max_trees": 150, "patience": 30}
 
 
 def gating_spec(task: Any) -> Any:
@@ -597,7 +597,7 @@ def gating_spec(task: Any) -> Any:
             grid=SERVED_GRID,
             f0="lightgbm" if many else "lightgbm-tuned",
             gbrt={"n_rounds": 15 if many else 20},
-            fixed=FIXED_26 if many else None,
+            fixed=served.FIXED_26 if many else None,
             seed=seed,
         )
 
@@ -657,7 +657,6 @@ def routing_lines(res: Any) -> list[str]:
 def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
     """Build gating bundles with the real builder, serve them over HTTP with every sensor read
     from Redis, and compare with the best fixed subset at every budget: ``gating_served.md``."""
-    from benchmarks import served
     from training.bundles.gating import build_gating_bundle
 
     found, skipped = served.tasks(keys)
