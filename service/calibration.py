@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -264,49 +264,68 @@ class CostCalibrator:
         Ignored when disabled, for unknown extractors, for ``n <= 0`` and for non-finite or
         negative ``ms``. O(1); thread-safe.
         """
+        self.record_many(n, ((extractor, ms, cpu_ms),))
+
+    def record_many(self, n: int, samples: Iterable[tuple[str, float, float | None]]) -> None:
+        """:meth:`record` of several extractions ``(extractor, ms, cpu_ms)`` of one item of
+        size ``n`` (one step of the request loop), in order, taking the lock and reading the
+        clock once."""
         if not self._enabled:
-            return
-        state = self._states.get(extractor)
-        if state is None:
             return
         try:
             size = float(n)
-            value = float(ms)
         except (TypeError, ValueError):
             return
         b = self.bucket(size)
-        if b is None or not math.isfinite(value) or value < 0.0:
+        if b is None:
             return
-        sample = value
-        cpu: float | None = None
-        if cpu_ms is not None and math.isfinite(cpu_ms) and cpu_ms > 0.0:
-            sample = cpu = min(float(cpu_ms), value)
-        ratio = sample / max(state.profiled(size), _TINY_MS)
-        if not math.isfinite(ratio):
+        rows: list[tuple[str, _Extractor, float, float | None]] = []
+        rows_ratio: list[float] = []
+        for extractor, ms, cpu_ms in samples:
+            state = self._states.get(extractor)
+            if state is None:
+                continue
+            try:
+                value = float(ms)
+            except (TypeError, ValueError):
+                continue
+            if not math.isfinite(value) or value < 0.0:
+                continue
+            sample = value
+            cpu: float | None = None
+            if cpu_ms is not None and math.isfinite(cpu_ms) and cpu_ms > 0.0:
+                sample = cpu = min(float(cpu_ms), value)
+            ratio = sample / max(state.profiled(size), _TINY_MS)
+            if math.isfinite(ratio):
+                rows.append((extractor, state, value, cpu))
+                rows_ratio.append(ratio)
+        if not rows:
             return
         now = self._clock()
         with self._lock:
-            if self._states.get(extractor) is not state:  # reset() raced with us
-                return
-            if cpu is not None:
-                # Time-weighted: the share of recent extraction time the threads had a CPU.
-                w = self._contention_weight
-                keep = 1.0 - w
-                old_cpu = self._cpu_mean
-                old_wall = old_cpu * self.contention()  # decayed with the time since the last
-                self._cpu_mean = keep * old_cpu + w * cpu
-                self._wall_mean = keep * old_wall + w * value
-                self._contention = min(
-                    max(self._wall_mean / max(self._cpu_mean, _TINY_MS), 1.0), self._contention_max
-                )
-                self._contention_at = now
-            ring = state.buckets.get(b)
-            if ring is None:
-                ring = state.buckets[b] = _Ring(self._window)
-            ring.push(ratio, now, self._forget_after_s)
-            state.wide.push(ratio, now, self._forget_after_s)
-            if not self._active and state.wide.count >= self._min_samples:
-                self._active = True
+            for (extractor, state, value, cpu), ratio in zip(rows, rows_ratio, strict=True):
+                if self._states.get(extractor) is not state:  # reset() raced with us
+                    continue
+                if cpu is not None:
+                    # Time-weighted: the share of recent extraction time the threads had a CPU.
+                    w = self._contention_weight
+                    keep = 1.0 - w
+                    old_cpu = self._cpu_mean
+                    old_wall = old_cpu * self.contention()  # decayed with the time since the last
+                    self._cpu_mean = keep * old_cpu + w * cpu
+                    self._wall_mean = keep * old_wall + w * value
+                    self._contention = min(
+                        max(self._wall_mean / max(self._cpu_mean, _TINY_MS), 1.0),
+                        self._contention_max,
+                    )
+                    self._contention_at = now
+                ring = state.buckets.get(b)
+                if ring is None:
+                    ring = state.buckets[b] = _Ring(self._window)
+                ring.push(ratio, now, self._forget_after_s)
+                state.wide.push(ratio, now, self._forget_after_s)
+                if not self._active and state.wide.count >= self._min_samples:
+                    self._active = True
 
     # -- estimates -------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from service.extractors.base import Extractor, FeatureUnavailable
 from service.items import DecodedItem
 from service.registry import Bundle
 from service.strategies.base import (
+    TOLERANCE,
     Acquire,
     Answer,
     Observation,
@@ -116,7 +117,7 @@ class ExtractorSource:
 class MeasuredCost:
     """Milliseconds of wall time since ``start`` (a ``perf_counter()``); every extraction's
     time is recorded in ``calibrator`` for items of ``size``, with its thread CPU time when
-    :func:`run_session` measured it (:meth:`charge_timed`)."""
+    :func:`run_session` measured it (:meth:`charge_step`)."""
 
     def __init__(self, start: float, calibrator: CostCalibrator, size: int) -> None:
         self.start = start
@@ -130,11 +131,15 @@ class MeasuredCost:
         self.calibrator.record(feature, self.size, seconds * 1000.0)
         return seconds * 1000.0
 
-    def charge_timed(self, feature: str, seconds: float, cpu_seconds: float) -> float:
-        """:meth:`charge`, telling the calibrator the extraction's thread CPU time too (so a
-        busy machine is not taken for a slow extractor: ``service.calibration``)."""
-        self.calibrator.record(feature, self.size, seconds * 1000.0, cpu_seconds * 1000.0)
-        return seconds * 1000.0
+    def charge_step(self, timed: list[tuple[str, float]], cpu_share: float) -> None:
+        """Tell the calibrator the extractions of one step of the request loop, each
+        ``(feature, seconds)`` of wall time, with its thread CPU time: its wall time times
+        the step's ``cpu_share`` (so a busy machine is not taken for a slow extractor:
+        ``service.calibration``). :meth:`charge` without the calibration record is what
+        they were charged."""
+        self.calibrator.record_many(
+            self.size, [(f, s * 1000.0, s * cpu_share * 1000.0) for f, s in timed]
+        )
 
 
 class DeclaredCost:
@@ -188,6 +193,28 @@ def _noop(name: str, seconds: float) -> None:
 
 def _ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
+
+
+def _refuse(
+    runtime: StrategyRuntime,
+    feature: str,
+    names: Collection[str],
+    acquired: Mapping[str, FloatVector],
+) -> NoReturn:
+    """Raise the :class:`StrategyFault` for acquiring ``feature``: one the source does not
+    know, or one in hand (the session contract)."""
+    if feature not in names:
+        raise StrategyFault(
+            runtime.name,
+            f"asked to acquire {feature!r}, which is not one of the features it can "
+            f"acquire ({sorted(names)}); a session may only acquire the bundle's extractors",
+        )
+    how = "acquired earlier in this request" if feature in acquired else "given in hand"
+    raise StrategyFault(
+        runtime.name,
+        f"asked to acquire {feature!r}, which it already has ({how}); a session must "
+        "acquire each feature at most once and never one it was given",
+    )
 
 
 def run_session(
@@ -251,56 +278,72 @@ def run_session(
             raise StrategyFault(
                 runtime.name, f"returned {step!r} as a step; required: an Acquire or an Answer"
             )
+        # The step's feature, then those of ``then`` while they fit (Acquire). The thread's
+        # CPU clock (a system call on some VMs, as dear as a small extractor) is read once
+        # around the step: each extraction's CPU time is its wall time times the step's
+        # CPU share (the measured meter's calibration records are made at the end).
+        batch = step.then
         feature = step.feature
-        if feature not in names:
-            raise StrategyFault(
-                runtime.name,
-                f"asked to acquire {feature!r}, which is not one of the features it can "
-                f"acquire ({sorted(names)}); a session may only acquire the bundle's extractors",
-            )
-        if feature in features:
-            how = "acquired earlier in this request" if feature in acquired else "given in hand"
-            raise StrategyFault(
-                runtime.name,
-                f"asked to acquire {feature!r}, which it already has ({how}); a session must "
-                "acquire each feature at most once and never one it was given",
-            )
-        t0 = time.perf_counter()
+        timed: list[tuple[str, float]] = []
+        measured = isinstance(meter, MeasuredCost)
+        origin = meter.start if isinstance(meter, MeasuredCost) else 0.0
+        # ``then``'s fit, as affordable(cost, plan_budget - spent - reserve, plan_budget)
+        limit = plan_budget - step.reserve + TOLERANCE * max(1.0, abs(plan_budget))
+        w0 = time.perf_counter()
         c0 = time.thread_time()
         try:
-            vector = source.acquire(feature)
-        except FeatureUnavailable as exc:
-            # Its time is reported (timings), not charged: nothing was acquired.
-            acquire_ms[feature] = (time.perf_counter() - t0) * 1000.0
-            answer = session.fallback(
-                Observation(size=size, budget=plan_budget, spent=meter.spent(), features=features)
-            )
-            if not isinstance(answer, Answer):
-                raise StrategyFault(
-                    runtime.name,
-                    f"fell back with {answer!r}; a fallback must return an Answer with a "
-                    "model computable from the features in hand",
-                ) from exc
-            return SessionRun(
-                answer,
-                session,
-                features,
-                acquired,
-                charged,
-                acquire_ms,
-                stopped_early=False,
-                unavailable={feature: exc.reason},
-            )
-        elapsed = time.perf_counter() - t0
-        cpu = time.thread_time() - c0
-        on_acquire(feature, elapsed)
-        if isinstance(meter, MeasuredCost):
-            charged[feature] = meter.charge_timed(feature, elapsed, cpu)
-        else:
-            charged[feature] = meter.charge(feature, elapsed)
-        acquire_ms[feature] = elapsed * 1000.0
-        features[feature] = vector
-        acquired[feature] = vector
+            for i in range(len(batch) + 1):
+                if i:
+                    feature, cost = batch[i - 1]
+                    # meter.spent(), without the calls when measured
+                    spent = (time.perf_counter() - origin) * 1000.0 if measured else meter.spent()
+                    if spent > budget or cost > limit - spent:
+                        break
+                if feature in features or feature not in names:
+                    _refuse(runtime, feature, names, acquired)
+                t0 = time.perf_counter()
+                try:
+                    vector = source.acquire(feature)
+                except FeatureUnavailable as exc:
+                    # Its time is reported (timings), not charged: nothing was acquired.
+                    acquire_ms[feature] = (time.perf_counter() - t0) * 1000.0
+                    answer = session.fallback(
+                        Observation(
+                            size=size, budget=plan_budget, spent=meter.spent(), features=features
+                        )
+                    )
+                    if not isinstance(answer, Answer):
+                        raise StrategyFault(
+                            runtime.name,
+                            f"fell back with {answer!r}; a fallback must return an Answer "
+                            "with a model computable from the features in hand",
+                        ) from exc
+                    return SessionRun(
+                        answer,
+                        session,
+                        features,
+                        acquired,
+                        charged,
+                        acquire_ms,
+                        stopped_early=False,
+                        unavailable={feature: exc.reason},
+                    )
+                elapsed = time.perf_counter() - t0
+                on_acquire(feature, elapsed)
+                if measured:
+                    timed.append((feature, elapsed))
+                    charged[feature] = elapsed * 1000.0
+                else:
+                    charged[feature] = meter.charge(feature, elapsed)
+                acquire_ms[feature] = elapsed * 1000.0
+                features[feature] = vector
+                acquired[feature] = vector
+        finally:
+            if timed:
+                assert isinstance(meter, MeasuredCost)
+                wall = time.perf_counter() - w0
+                share = min((time.thread_time() - c0) / wall, 1.0) if wall > 0.0 else 1.0
+                meter.charge_step(timed, share)
     raise StrategyFault(
         runtime.name,
         f"did not answer within {steps} steps (one per feature, plus the answer); a session "

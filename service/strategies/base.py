@@ -27,11 +27,26 @@ from service.inference import LoadedModel
 from service.types import FloatVector, horner
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Acquire:
-    """Compute this feature next."""
+    """Compute this feature next.
+
+    ``then``: more features, each with its predicted cost, that the request loop computes
+    after it, in order, without asking the session again; each only while the budget is not
+    spent and its cost fits in what is left of the planned budget less ``reserve``
+    (:func:`affordable`, as a session would check it). The session is asked again after the
+    last of them, or at the first that does not fit. For plans that do not depend on the
+    values they acquire (a structured session's base templates, a policy's chosen parts):
+    one step instead of one per feature."""
 
     feature: str
+    then: tuple[tuple[str, float], ...] = ()
+    reserve: float = 0.0
+
+    def __repr__(self) -> str:
+        if not self.then:
+            return f"Acquire(feature={self.feature!r})"
+        return f"Acquire(feature={self.feature!r}, then={self.then!r}, reserve={self.reserve!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +129,11 @@ class Calibration(Protocol):
     def factors_at(self, n: float) -> dict[str, float]: ...
 
 
+# How many sizes' profiled costs a CostModel keeps (an image bundle sees many sizes; a word
+# bundle a few dozen); the cache starts over when full.
+_PROFILED_SIZES = 1024
+
+
 class CostModel:
     """A bundle's per-extractor cost curves: the profiled polynomials, corrected by live
     calibration once it has data. Shared by every strategy of the bundle."""
@@ -126,6 +146,7 @@ class CostModel:
         for i, e in enumerate(manifest.extractors):
             self.coefficients[i, : len(e.cost.coefficients)] = e.cost.coefficients
         self.calibration = calibration
+        self._profiled: dict[float, dict[str, float]] = {}
 
     @property
     def calibrated(self) -> bool:
@@ -141,8 +162,16 @@ class CostModel:
         return dict.fromkeys(self.names, 1.0)
 
     def profiled_at(self, n: float) -> dict[str, float]:
-        values = np.asarray(horner(self.coefficients, n))
-        return dict(zip(self.names, values.tolist(), strict=True))
+        """Every extractor's profiled cost at size ``n`` (a fresh dict: the curves at a
+        size are evaluated once and kept, for the last ``_PROFILED_SIZES`` sizes)."""
+        known = self._profiled.get(n)
+        if known is None:
+            values = np.asarray(horner(self.coefficients, n))
+            known = dict(zip(self.names, values.tolist(), strict=True))
+            if len(self._profiled) >= _PROFILED_SIZES:
+                self._profiled.clear()
+            self._profiled[n] = known
+        return dict(known)
 
     def at(self, n: float) -> dict[str, float]:
         """Every extractor's predicted cost at size ``n`` (calibrated when available)."""

@@ -48,6 +48,12 @@ class ChainParams:
         )
 
     @cached_property
+    def probabilities_t(self) -> F64:
+        """The shifted ``exp`` of the transition scores transposed, in C order (``[b, a]``),
+        so the compiled forward pass reads each label's predecessors contiguously."""
+        return np.ascontiguousarray(self.probabilities[0].T)
+
+    @cached_property
     def transition_t(self) -> F64:
         """``transition.T`` in C order (``[b, a]``: a followed by b), so that a word's
         Viterbi steps are formed in one array operation (:func:`viterbi_one`)."""

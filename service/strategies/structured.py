@@ -6,19 +6,26 @@ An item has parts (a word's letters); a bundle declares one extractor per (templ
 part (a cached template is free). Per request the session
 
 1. acquires the base templates of every part (the initial state S0), while they fit in what
-   is left of the budget after the decoding reserve (``decode_cost`` per part);
+   is left of the budget after the decoding reserve (``decode_cost`` per part): one step of
+   the request loop for all of them (``Acquire.then``);
 2. runs the policy once on S0 (its inputs, recipe ``letters-v1``, from the base features and
-   one forward-backward of the chain; its scores from one ONNX call), but only when the
+   one forward-backward of the chain; its scores from one product), but only when the
    cheapest missing pair still fits after both the decoding and the policy reserve
    (``policy_cost`` per part); otherwise it answers from the base templates;
 3. acquires (part, template) pairs: the one-shot policy's chosen pairs (the operating point
    is the most expensive one whose expected cost fits the budget), or, anytime (Alg. 2),
    π_t's best pair at step t, until the policy stops or the next pair's predicted cost no
    longer fits what is left of the budget after the decoding reserve (the policy's time is
-   in the measured spending by then);
-4. answers; ``decode`` then scores every part from the templates in hand (one ONNX call per
+   in the measured spending by then). The scores come from S0 and do not change as pairs
+   are bought, so the whole sequence is known at once and the loop buys it in one step,
+   stopping where the next pair no longer fits;
+4. answers; ``decode`` then scores every part from the templates in hand (one product per
    template not already scored for the policy), decodes the word exactly (Viterbi) and
    computes per-part marginals (those of S0 again when nothing was added).
+
+The chain's passes (Viterbi, forward-backward, the policy's inputs) run as compiled kernels
+(:mod:`service.strategies.chain_kernels`, loaded with the first structured bundle): on a
+word's few letters numpy's per-call cost made policy and decoding half a HOG template.
 
 The budget is a hard cap up to prediction error: a pair is acquired only when its predicted
 cost fits, so the spent cost exceeds the budget by at most the misprediction of the last
@@ -58,12 +65,7 @@ from service.strategies.base import (
     affordable,
     register_strategy,
 )
-from service.strategies.chain import (
-    ChainParams,
-    marginals_one,
-    policy_inputs_v1,
-    viterbi_one,
-)
+from service.strategies.chain import ChainParams
 from service.types import FloatVector
 
 F32 = npt.NDArray[np.float32]
@@ -104,7 +106,7 @@ class _Scorer:
         out = self.session.run(self.outputs, feed)[0]
         return np.asarray(out, dtype=np.float64)
 
-    def _read_affine(self) -> tuple[F64, F64] | None:
+    def _read_affine(self) -> tuple[F32, F64] | None:
         d = self.dims
         probe = np.zeros((d + 1, d), dtype=np.float32)
         probe[1:] = np.eye(d, dtype=np.float32)
@@ -112,12 +114,14 @@ class _Scorer:
         if out.ndim != 2 or out.shape[0] != d + 1:
             return None
         bias = out[0]
-        weight = np.ascontiguousarray(out[1:] - bias)
+        # float32 weights, as the graph's: a float32 product is the graph's own arithmetic,
+        # and cheaper than casting the parts to float64 first
+        weight = np.ascontiguousarray(out[1:] - bias, dtype=np.float32)
         check = np.random.default_rng(0).random((_CHECK_ROWS, d)).astype(np.float32)
         check[: _CHECK_ROWS // 2] = check[: _CHECK_ROWS // 2] > 0.5  # binary rows as well
         truth = self.run_graph(check)
         scale = max(1.0, float(np.abs(truth).max()))
-        if float(np.abs(check @ weight + bias - truth).max()) > _AFFINE_TOLERANCE * scale:
+        if float(np.abs(np.add(check @ weight, bias) - truth).max()) > _AFFINE_TOLERANCE * scale:
             return None
         return weight, bias
 
@@ -125,8 +129,7 @@ class _Scorer:
         if self.affine is None:
             return self.run_graph(x)
         weight, bias = self.affine
-        out: F64 = x @ weight
-        out += bias
+        out: F64 = np.add(x @ weight, bias)  # float32 product, float64 scores
         return out
 
 
@@ -166,7 +169,17 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         # feature names once: names_at[k][p] is template k of part p
         self.names_at = [[f"{n}@{p}" for p in range(spec.max_parts)] for n in self.names]
         self.base_order = [self.names_at[k][p] for p in range(spec.max_parts) for k in self.base_k]
+        # optional_names[size]: the optional templates of parts 0 … size-1
+        self.optional_names = [
+            [self.names_at[k][p] for p in range(size) for k in self.optional_k]
+            for size in range(spec.max_parts + 1)
+        ]
         self.check_policy(width)
+        # the chain's passes, compiled (numba is loaded only by structured bundles)
+        from service.strategies import chain_kernels
+
+        self.kernels = chain_kernels
+        chain_kernels.compile_kernels(self.chain, self.scorers[self.base_k[0]].dims)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -214,8 +227,7 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         operations besides the chain's passes."""
         base_x = self.gather(features, self.base_k[0], size)
         em0 = self.s0_emission(features, size, base_x)
-        marg0 = marginals_one(em0, self.chain)
-        inputs = policy_inputs_v1(base_x, em0, self.chain, marg0)
+        marg0, inputs = self.kernels.s0_pass(base_x, em0, self.chain)
         return self.policy(inputs), em0, marg0
 
     def policy_scores(self, features: Mapping[str, FloatVector], size: int) -> F64:
@@ -227,7 +239,7 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
         features: Mapping[str, FloatVector],
         size: int,
         s0: tuple[F64, F64] | None = None,
-    ) -> tuple[list[int], F64, list[list[str]]]:
+    ) -> tuple[npt.NDArray[np.int64], F64, list[list[str]]]:
         """Labels, marginals (parts, Y) and templates of each part, from the features in
         hand. ``s0``: the S0 emission and marginals (every part's base templates in hand),
         when the session computed them for its policy: only the other templates are scored
@@ -251,13 +263,15 @@ class _StructuredRuntime(StrategyRuntime[StructT], Generic[StructT]):
             else:
                 em[parts] += self.scorers[k](x)
             added = True
-        labels = viterbi_one(em, self.chain)
-        marg = s0[1] if s0 is not None and not added else marginals_one(em, self.chain)
+        if s0 is not None and not added:
+            labels, marg = self.kernels.viterbi(em, self.chain), s0[1]
+        else:
+            labels, marg = self.kernels.decode(em, self.chain)
         had = [
             [self.names[k] for k in range(len(names_at)) if names_at[k][p] in features]
             for p in range(size)
         ]
-        return labels.tolist(), marg, had
+        return labels, marg, had
 
     def answerable(self) -> list[str]:
         return [self.spec.answer_model]
@@ -300,6 +314,9 @@ class StructuredSession(Session):
         self.steps = 0
         self.result: dict[str, Any] | None = None
         self.stopped = "policy"
+        # the plan's features not in hand when it was made, and those still to buy
+        self.to_buy: list[str] = []
+        self.pending: list[str] | None = None
 
     def _fits(self, name: str, obs: Observation) -> bool:
         return affordable(self.per_feature[name], obs.remaining - self.reserve, obs.budget)
@@ -311,49 +328,58 @@ class StructuredSession(Session):
         rt = self.runtime
         features = obs.features
         queue = self.base_queue
-        while self.base_at < len(queue):
+        while self.base_at < len(queue) and queue[self.base_at] in features:
+            self.base_at += 1
+        if self.base_at < len(queue):
+            # every missing base template, in one step of the request loop, while they fit
             name = queue[self.base_at]
-            if name in features:
-                self.base_at += 1
-                continue
             if not self._fits(name, obs):
                 self.stopped = "budget"
                 return self._answer()
-            return Acquire(name)
-        if self.scores is None:
-            missing = [
-                rt.names_at[k][p]
-                for p in range(self.size)
-                for k in rt.optional_k
-                if rt.names_at[k][p] not in features
+            per_feature = self.per_feature
+            rest = tuple(
+                (n, per_feature[n]) for n in queue[self.base_at + 1 :] if n not in features
+            )
+            return Acquire(name, rest, self.reserve)
+        if self.pending is None:
+            if self.scores is None:
+                per_feature = self.per_feature
+                missing = [
+                    per_feature[n] for n in rt.optional_names[self.size] if n not in features
+                ]
+                if not missing:
+                    return self._answer()
+                # the policy runs only when, once paid, some pair could still be bought
+                cheapest = min(missing)
+                available = obs.remaining - self.reserve - self.policy_reserve
+                if not affordable(cheapest, available, obs.budget):
+                    self.stopped = "budget"
+                    return self._answer()
+                t0 = time.perf_counter()
+                self.scores, em0, marg0 = rt.policy_view(features, self.size)
+                self.s0 = (em0, marg0)
+                self.policy_ms = (time.perf_counter() - t0) * 1000.0
+            # the policy's pairs do not depend on the templates they buy: the whole plan is
+            # known now, and the request loop buys it in one step while it fits
+            names_at = rt.names_at
+            self.pending = self.to_buy = [
+                name for p, k in self.plan_pairs(obs) if (name := names_at[k][p]) not in features
             ]
-            if not missing:
-                return self._answer()
-            # the policy runs only when, once paid, some pair could still be bought
-            cheapest = min(self.per_feature[n] for n in missing)
-            available = obs.remaining - self.reserve - self.policy_reserve
-            if not affordable(cheapest, available, obs.budget):
-                self.stopped = "budget"
-                return self._answer()
-            t0 = time.perf_counter()
-            self.scores, em0, marg0 = rt.policy_view(features, self.size)
-            self.s0 = (em0, marg0)
-            self.policy_ms = (time.perf_counter() - t0) * 1000.0
-            self.on_scores(obs)
-        pair = self.next_pair(obs)
-        if pair is None:
+        pending = self.pending
+        if pending and pending[0] in features:  # bought by the loop since the last step
+            self.pending = pending = [n for n in pending if n not in features]
+        if not pending:
             return self._answer()
-        name = rt.feature(*pair)
+        name = pending[0]
         if not self._fits(name, obs):
             self.stopped = "budget"
             return self._answer()
-        self.steps += 1
-        return Acquire(name)
+        per_feature = self.per_feature
+        return Acquire(name, tuple((n, per_feature[n]) for n in pending[1:]), self.reserve)
 
-    def on_scores(self, obs: Observation) -> None:
-        """Called once the policy scores are known."""
-
-    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
+    def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
+        """The (part, template) pairs to acquire, in order, once the policy's scores are
+        known (a pair in hand is skipped)."""
         raise NotImplementedError
 
     def fallback(self, obs: Observation) -> Answer:
@@ -362,10 +388,14 @@ class StructuredSession(Session):
 
     def decode(self, features: Mapping[str, FloatVector]) -> FloatVector:
         rt = self.runtime
-        labels, marg, had = rt.decode_word(features, self.size, self.s0)
+        self.steps = sum(1 for n in self.to_buy if n in features)
+        found, marg, had = rt.decode_word(features, self.size, self.s0)
+        summary: tuple[F64, FloatVector] = rt.kernels.summary(marg, found)
+        confidence, mean = summary
+        labels: list[int] = found.tolist()
+        conf: list[float] = confidence.tolist()
         classes = rt.manifest.classes
-        word = "".join(classes[y] for y in labels)
-        conf = marg[np.arange(self.size), labels].tolist()
+        word = "".join([classes[y] for y in labels])
         self.prediction = word
         self.expected_accuracy = sum(conf) / len(conf)
         self.result = {
@@ -378,7 +408,6 @@ class StructuredSession(Session):
             "stopped_by": self.stopped,
             **self.extra(),
         }
-        mean: FloatVector = (marg.sum(axis=0) / self.size).astype(np.float32)
         return mean
 
     def extra(self) -> dict[str, Any]:
@@ -396,23 +425,11 @@ class OneShotSession(StructuredSession):
         super().__init__(runtime, size, budget)
         self.point = runtime.point_for(size, budget)
         self.planned = runtime.expected_cost(self.point, size)
-        self.plan: list[tuple[int, int]] = []
         self.oneshot = runtime
 
-    def on_scores(self, obs: Observation) -> None:
+    def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
         assert self.scores is not None
-        self.plan = self.oneshot.chosen_pairs(self.scores, self.point)
-
-    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
-        rt = self.runtime
-        while self.plan:
-            pair = self.plan[0]
-            if rt.feature(*pair) in obs.features:  # cached: free
-                self.plan.pop(0)
-                continue
-            self.plan.pop(0)
-            return pair
-        return None
+        return self.oneshot.chosen_pairs(self.scores, self.point)
 
     def extra(self) -> dict[str, Any]:
         return {
@@ -430,7 +447,7 @@ class StructuredOneShotRuntime(
 
     def check_policy(self, width: int) -> None:
         spec = self.spec
-        self.subsets = [[self.names.index(n) for n in s] for s in spec.subsets]
+        self.subsets = [sorted(self.names.index(n) for n in s) for s in spec.subsets]
         cols = 1 if len(spec.subsets) == 2 else len(spec.subsets)
         for point in spec.points:
             if point.column + cols > width:
@@ -452,11 +469,13 @@ class StructuredOneShotRuntime(
         return size * (base + point.mean_cost + spec.decode_cost + spec.policy_cost)
 
     def point_for(self, size: int, budget: float) -> StructuredOperatingPoint:
-        """The most expensive point whose expected cost for ``size`` parts fits."""
+        """The most expensive point whose expected cost for ``size`` parts fits (the
+        cheapest when none does)."""
         best = self.points[0]
         for point, per_part in zip(self.points, self.per_part, strict=True):
-            if size * per_part <= budget:
-                best = point
+            if size * per_part > budget:  # points by rising cost: none further fits
+                break
+            best = point
         return best
 
     def chosen_pairs(self, scores: F64, point: StructuredOperatingPoint) -> list[tuple[int, int]]:
@@ -468,11 +487,11 @@ class StructuredOneShotRuntime(
         else:
             chosen = cols.argmax(axis=1)
             strength = cols.max(axis=1)
-        pairs: list[tuple[float, int, int]] = []
-        for p in range(len(scores)):
-            for k in self.subsets[int(chosen[p])]:
-                pairs.append((-float(strength[p]), p, k))
-        return [(p, k) for _, p, k in sorted(pairs)]
+        # most confident part first, ties to the first part; each part's templates in order
+        order = np.argsort(-strength, kind="stable").tolist()
+        subsets = self.subsets
+        picked = chosen.tolist()
+        return [(p, k) for p in order for k in subsets[picked[p]]]
 
     def session(self, size: int, budget: float) -> StructuredSession:
         return OneShotSession(self, size, budget)
@@ -486,41 +505,39 @@ class AnytimeSession(StructuredSession):
         super().__init__(runtime, size, budget)
         self.anytime = runtime
         self.planned = budget
-        self.have: list[list[bool]] = []
-        self.columns: list[list[float]] = []
-        self.t = 0
+        self.order: list[str] = []
 
-    def on_scores(self, obs: Observation) -> None:
-        """Which optional pairs are in hand, per optional template and part, kept up to
-        date as pairs are chosen (only chosen pairs are acquired); the scores as Python
-        lists, one per policy column (a word has at most a few dozen pairs: plain loops
-        beat array calls)."""
+    def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
+        """Alg. 2's whole sequence: at step t (t = optional pairs in hand), π_t's best pair
+        not in hand; ties go to the first template, then the first part. The scores come
+        from S0 and do not change as pairs are bought, so the sequence is known before the
+        first of them (the request loop stops it where the budget runs out). Plain lists:
+        a word has at most a few dozen pairs, where loops beat array calls."""
         assert self.scores is not None
         rt = self.anytime
-        self.have = [
+        have = [
             [rt.names_at[k][p] in obs.features for p in range(self.size)] for k in rt.optional_k
         ]
-        self.t = sum(sum(row) for row in self.have)
-        self.columns = self.scores.T.tolist()
-
-    def next_pair(self, obs: Observation) -> tuple[int, int] | None:
-        """π_t's best pair not in hand, t = optional pairs in hand (Alg. 2); ties go to
-        the first template, then the first part."""
-        rt = self.anytime
-        first = rt.column(self.t, 0)
-        best: tuple[int, int] | None = None
-        best_score = -np.inf
-        for j, have in enumerate(self.have):
-            col = self.columns[first + j]
-            for p in range(self.size):
-                if not have[p] and col[p] > best_score:
-                    best_score, best = col[p], (j, p)
-        if best is None:
-            return None
-        j, p = best
-        self.have[j][p] = True
-        self.t += 1
-        return p, rt.optional_k[j]
+        t = sum(sum(row) for row in have)
+        columns = self.scores.T.tolist()
+        order: list[tuple[int, int]] = []
+        while True:
+            first = rt.column(t, 0)
+            best: tuple[int, int] | None = None
+            best_score = -np.inf
+            for j, held in enumerate(have):
+                col = columns[first + j]
+                for p in range(self.size):
+                    if not held[p] and col[p] > best_score:
+                        best_score, best = col[p], (j, p)
+            if best is None:
+                break
+            j, p = best
+            have[j][p] = True
+            t += 1
+            order.append((p, rt.optional_k[j]))
+        self.order = [rt.feature(p, k) for p, k in order]
+        return order
 
     def extra(self) -> dict[str, Any]:
         return {"policy": "anytime", "steps": self.steps}

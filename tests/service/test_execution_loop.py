@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 
 from service.cache import InProcessCache
-from service.execution import StrategyFault, execute
+from service.execution import (
+    ExtractorSource,
+    MeasuredCost,
+    StrategyFault,
+    execute,
+    run_session,
+)
 from service.handler import PredictHandler
 from service.items import DecodedItem
 from service.metrics import Metrics
@@ -210,3 +216,111 @@ def test_the_handler_reports_a_faulty_strategy_instead_of_looping(router: Bundle
     assert handler.held_bytes == 0 and handler.gate.free == 1
     response, _ = anyio.run(predict, None)
     assert response.strategy == router.manifest.default_strategy
+
+
+# -- one step, several features (Acquire.then)
+
+
+def test_a_steps_then_features_are_bought_in_order_while_they_fit(router: Bundle) -> None:
+    """Declared costs r = 1, a = 5, b = 5 and a budget of 8: after r, ``a`` fits (1 + 5 ≤ 8)
+    and ``b`` does not (6 + 5 > 8), so the loop stops there and asks the session again,
+    which sees r and a in hand."""
+
+    def script(obs: Observation, i: int) -> Any:
+        if i == 0:
+            return Acquire("r", (("a", 5.0), ("b", 5.0)))
+        return _best_in_hand(runtime, obs)
+
+    runtime = ScriptedRuntime(router.runtime, script)
+    seen = Extractions()
+    run = execute(
+        router, _item(router), 8.0, {}, time.perf_counter(), runtime=runtime, on_extraction=seen
+    )
+    assert seen.names == ["r", "a"] == list(run.extracted)
+    assert run.charged == {"r": 1.0, "a": 5.0}
+    assert [sorted(obs.features) for obs in runtime.steps] == [[], ["a", "r"]]
+    assert not run.stopped_early
+
+
+def test_a_steps_then_features_leave_its_reserve(router: Bundle) -> None:
+    """The same step with a reserve of 3 of the 8: after r (1), a's 5 no longer fits in
+    8 - 1 - 3, so only r is bought; without the reserve, all three fit in 11."""
+
+    def plan(reserve: float) -> Any:
+        def script(obs: Observation, i: int) -> Any:
+            if i == 0:
+                return Acquire("r", (("a", 5.0), ("b", 5.0)), reserve)
+            return _best_in_hand(runtimes[-1], obs)
+
+        return script
+
+    runtimes = [ScriptedRuntime(router.runtime, plan(3.0))]
+    run = execute(router, _item(router), 8.0, {}, time.perf_counter(), runtime=runtimes[-1])
+    assert list(run.extracted) == ["r"]
+    runtimes.append(ScriptedRuntime(router.runtime, plan(0.0)))
+    run = execute(router, _item(router), 11.0, {}, time.perf_counter(), runtime=runtimes[-1])
+    assert list(run.extracted) == ["r", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("then", "match"),
+    [
+        ((("r", 1.0),), r"'r', which it already has \(acquired earlier in this request\)"),
+        ((("zz", 1.0),), r"'zz', which is not one of the features it can acquire"),
+    ],
+)
+def test_a_then_feature_in_hand_or_unknown_is_stopped_like_a_step(
+    router: Bundle, then: tuple[tuple[str, float], ...], match: str
+) -> None:
+    def script(obs: Observation, i: int) -> Any:
+        return Acquire("r", then)
+
+    runtime = ScriptedRuntime(router.runtime, script)
+    seen = Extractions()
+    with pytest.raises(StrategyFault, match=match):
+        execute(
+            router,
+            _item(router),
+            100.0,
+            {},
+            time.perf_counter(),
+            runtime=runtime,
+            on_extraction=seen,
+        )
+    assert seen.names == ["r"], "r ran once; the bad one never"
+
+
+class _SlowFirst(ExtractorSource):
+    """The bundle's extractors, the first acquisition made to take 30 ms (a slow sensor)."""
+
+    def acquire(self, feature: str) -> Any:
+        if not getattr(self, "slept", False):
+            self.slept = True
+            time.sleep(0.03)
+        return super().acquire(feature)
+
+
+def test_a_then_feature_past_the_measured_budget_is_not_started(tiny: Bundle) -> None:
+    """Measured costs: once a step's first feature has spent the 10 ms budget, the loop
+    starts none of the rest (all declared free); the fallback answers from what is in hand
+    (stopped early), and the time of the extraction that ran is charged."""
+    names = sorted(tiny.extractors)
+    item = DecodedItem(data=digit_image(0, 32), size=32 * 32, key="loop:then")
+
+    def script(obs: Observation, i: int) -> Any:
+        return Acquire(names[0], tuple((n, 0.0) for n in names[1:]))
+
+    runtime = ScriptedRuntime(tiny.runtime, script)
+    start = time.perf_counter()
+    run = run_session(
+        runtime,
+        item.size,
+        10.0,
+        {},
+        _SlowFirst(tiny.extractors, item.data),
+        MeasuredCost(start, tiny.calibrator, item.size),
+    )
+    assert list(run.acquired) == [names[0]]
+    assert run.charged[names[0]] >= 30.0
+    assert run.stopped_early
+    assert len(runtime.fallbacks) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.strategies import chain_kernels
 from service.strategies.chain import marginals_one, policy_inputs_v1, viterbi_one
 from training.structured.chain import ChainParams, brute_force, marginals, pad, viterbi
 
@@ -86,3 +87,47 @@ def test_policy_inputs_v1_match_the_plain_recipe(length: int) -> None:
     got = policy_inputs_v1(x, em, chain)
     np.testing.assert_allclose(got, _inputs_reference(x, em, chain), rtol=1e-5, atol=1e-6)
     assert got.dtype == np.float32
+
+
+# -- the compiled kernels the structured runtimes serve with (service.strategies.chain_kernels)
+
+
+@pytest.mark.parametrize("labels", [2, 3, 5])
+def test_compiled_viterbi_and_marginals_match_brute_force(labels: int) -> None:
+    rng = np.random.default_rng(100 + labels)
+    for _ in range(20):
+        chain = _chain(rng, labels)
+        word = rng.normal(size=(int(rng.integers(1, 6)), labels)) * 2
+        truth, truth_marg = brute_force(word, chain)
+        assert chain_kernels.viterbi(word, chain).tolist() == truth.tolist()
+        np.testing.assert_allclose(chain_kernels.marginals(word, chain), truth_marg, atol=1e-9)
+
+
+def test_compiled_kernels_match_the_numpy_ones_on_ocr_sized_words() -> None:
+    """26 labels, words of 1 to 14 letters, a steep chain (hundreds of nats: the compiled
+    pass always rescales) and exact ties (both take the lowest label)."""
+    rng = np.random.default_rng(26)
+    chain = _chain(rng, 26)
+    steep = ChainParams(chain.transition * 40, chain.start * 40, chain.end * 40)
+    for c in (chain, steep):
+        for length in range(1, 15):
+            word = rng.normal(size=(length, 26)) * 3
+            assert chain_kernels.viterbi(word, c).tolist() == viterbi_one(word, c).tolist()
+            np.testing.assert_allclose(
+                chain_kernels.marginals(word, c), marginals_one(word, c), atol=1e-9
+            )
+    flat = ChainParams(np.zeros((26, 26)), np.zeros(26), np.zeros(26))
+    tied = np.zeros((4, 26))
+    assert chain_kernels.viterbi(tied, flat).tolist() == viterbi_one(tied, flat).tolist() == [0] * 4
+
+
+@pytest.mark.parametrize("length", [1, 2, 4, 9])
+def test_compiled_policy_inputs_match_the_plain_recipe(length: int) -> None:
+    rng = np.random.default_rng(length)
+    chain = _chain(rng, 3)
+    x = rng.random((length, 5)).astype(np.float32)
+    em = rng.normal(size=(length, 3)) * 3
+    got = chain_kernels.policy_inputs(x, em, chain_kernels.marginals(em, chain))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, _inputs_reference(x, em, chain), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, policy_inputs_v1(x, em, chain), rtol=1e-6, atol=1e-6)
