@@ -234,7 +234,9 @@ def run_session(
     has already spent; ``in_hand`` are free. Before every step, once ``meter.spent()``
     passes ``budget`` the session's fallback answers from the features in hand
     (``stopped_early``). Each acquisition goes through ``source``, is reported to
-    ``on_acquire(feature, seconds)`` and charged to ``meter``. An acquisition that raises
+    ``on_acquire(feature, seconds)`` and charged to ``meter``. An ``Acquire``'s ``then``
+    features follow its feature in the same step, each only while the budget is not spent
+    and its cost fits (:class:`~service.strategies.base.Acquire`). An acquisition that raises
     ``FeatureUnavailable`` is charged nothing (its time still counts for a measured meter)
     and the session's fallback answers from the features in hand; the feature and the
     reason are in ``SessionRun.unavailable``.

@@ -304,6 +304,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         default_accounting=settings.accounting,
         inline_ms=settings.inline_ms,
     )
+    state.handler.loop_lag.start(asyncio.get_running_loop())
     await measure_floor(state.handler, reg)
     state.ready = bool(reg.bundles)
 

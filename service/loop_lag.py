@@ -1,0 +1,65 @@
+"""How far behind its timers the event loop runs.
+
+A request's receipt is stamped when the event loop reads its first bytes
+(``service.server``). While the loop is busy, bytes that have arrived wait in the kernel's
+socket buffer, unseen, for about as long as the loop is behind; the client counts that wait,
+the receipt does not. Under an overload that is where the queue forms (each request is
+answered quickly once seen, but seen late), so admission by deadline
+(``PredictHandler._admit_by_deadline``) adds this lag to the lateness it sees.
+
+:class:`LoopLag` keeps a timer every ``period_s`` on the loop and measures how late it fires;
+:meth:`LoopLag.ms` is the larger of the last lateness and how overdue the next tick is now
+(an overdue tick means the loop is in a long batch of callbacks right now). Lateness up to
+``slack_s`` is the timer's own granularity (uvloop rounds to the millisecond) and is not
+counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+# A tick every 2 ms: ~500 callbacks a second, a few µs each.
+PERIOD_S = 0.002
+# uvloop's timers fire on millisecond boundaries: this much lateness is the timer's own.
+SLACK_S = 0.0015
+
+
+class LoopLag:
+    """The event loop's lag, measured by a repeating timer (see the module)."""
+
+    def __init__(self, period_s: float = PERIOD_S, slack_s: float = SLACK_S) -> None:
+        self.period_s = period_s
+        self.slack_s = slack_s
+        self.last_s = 0.0
+        self._due = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start ticking on ``loop`` (the running loop of this process)."""
+        self._loop = loop
+        self._schedule()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._loop = None
+
+    def _schedule(self) -> None:
+        assert self._loop is not None
+        self._due = time.perf_counter() + self.period_s
+        self._handle = self._loop.call_later(self.period_s, self._tick)
+
+    def _tick(self) -> None:
+        self.last_s = max(time.perf_counter() - self._due - self.slack_s, 0.0)
+        if self._loop is not None:
+            self._schedule()
+
+    def ms(self) -> float:
+        """The loop's lag now, in milliseconds (0 when it keeps up, or is not started)."""
+        if self._loop is None:
+            return 0.0
+        overdue = time.perf_counter() - self._due - self.slack_s
+        return max(self.last_s, overdue, 0.0) * 1000.0
