@@ -307,18 +307,7 @@ class CostCalibrator:
                 if self._states.get(extractor) is not state:  # reset() raced with us
                     continue
                 if cpu is not None:
-                    # Time-weighted: the share of recent extraction time the threads had a CPU.
-                    w = self._contention_weight
-                    keep = 1.0 - w
-                    old_cpu = self._cpu_mean
-                    old_wall = old_cpu * self.contention()  # decayed with the time since the last
-                    self._cpu_mean = keep * old_cpu + w * cpu
-                    self._wall_mean = keep * old_wall + w * value
-                    self._contention = min(
-                        max(self._wall_mean / max(self._cpu_mean, _TINY_MS), 1.0),
-                        self._contention_max,
-                    )
-                    self._contention_at = now
+                    self._learn_contention(value, cpu, now)
                 ring = state.buckets.get(b)
                 if ring is None:
                     ring = state.buckets[b] = _Ring(self._window)
@@ -326,6 +315,32 @@ class CostCalibrator:
                 state.wide.push(ratio, now, self._forget_after_s)
                 if not self._active and state.wide.count >= self._min_samples:
                     self._active = True
+
+    def record_contention(self, ms: float, cpu_ms: float) -> None:
+        """Learn only the machine's contention from ``ms`` of wall time that had ``cpu_ms``
+        of its thread's CPU (extractions whose CPU time is known together, not one by one:
+        no extractor's ratio is recorded)."""
+        if not self._enabled or not (math.isfinite(ms) and math.isfinite(cpu_ms)):
+            return
+        if ms <= 0.0 or cpu_ms <= 0.0:
+            return
+        now = self._clock()
+        with self._lock:
+            self._learn_contention(float(ms), min(float(cpu_ms), float(ms)), now)
+
+    def _learn_contention(self, value: float, cpu: float, now: float) -> None:
+        # Time-weighted: the share of recent extraction time the threads had a CPU (under
+        # the lock).
+        w = self._contention_weight
+        keep = 1.0 - w
+        old_cpu = self._cpu_mean
+        old_wall = old_cpu * self.contention()  # decayed with the time since the last
+        self._cpu_mean = keep * old_cpu + w * cpu
+        self._wall_mean = keep * old_wall + w * value
+        self._contention = min(
+            max(self._wall_mean / max(self._cpu_mean, _TINY_MS), 1.0), self._contention_max
+        )
+        self._contention_at = now
 
     # -- estimates -------------------------------------------------------------------------
 

@@ -114,6 +114,11 @@ class ExtractorSource:
         return vector
 
 
+# Below this CPU share a step of several extractions is not recorded extractor by extractor
+# (MeasuredCost.charge_step).
+SHARED_STEP_MIN_SHARE = 0.8
+
+
 class MeasuredCost:
     """Milliseconds of wall time since ``start`` (a ``perf_counter()``); every extraction's
     time is recorded in ``calibrator`` for items of ``size``, with its thread CPU time when
@@ -136,7 +141,16 @@ class MeasuredCost:
         ``(feature, seconds)`` of wall time, with its thread CPU time: its wall time times
         the step's ``cpu_share`` (so a busy machine is not taken for a slow extractor:
         ``service.calibration``). :meth:`charge` without the calibration record is what
-        they were charged."""
+        they were charged.
+
+        A step of several extractions that lost the CPU for a noticeable part of its time
+        (share below ``SHARED_STEP_MIN_SHARE``) cannot say which of them lost it: giving
+        each the step's share would make the one that waited look slow. Only the machine's
+        contention learns from it then."""
+        if len(timed) > 1 and cpu_share < SHARED_STEP_MIN_SHARE:
+            total = sum(s for _, s in timed) * 1000.0
+            self.calibrator.record_contention(total, total * cpu_share)
+            return
         self.calibrator.record_many(
             self.size, [(f, s * 1000.0, s * cpu_share * 1000.0) for f, s in timed]
         )
@@ -287,7 +301,7 @@ def run_session(
         batch = step.then
         feature = step.feature
         timed: list[tuple[str, float]] = []
-        measured = isinstance(meter, MeasuredCost)
+        measured = type(meter) is MeasuredCost  # not a subclass with its own spent()
         origin = meter.start if isinstance(meter, MeasuredCost) else 0.0
         # ``then``'s fit, as affordable(cost, plan_budget - spent - reserve, plan_budget)
         limit = plan_budget - step.reserve + TOLERANCE * max(1.0, abs(plan_budget))
@@ -299,7 +313,7 @@ def run_session(
                     feature, cost = batch[i - 1]
                     # meter.spent(), without the calls when measured
                     spent = (time.perf_counter() - origin) * 1000.0 if measured else meter.spent()
-                    if spent > budget or cost > limit - spent:
+                    if spent > budget or not cost <= limit - spent:  # NaN does not fit
                         break
                 if feature in features or feature not in names:
                     _refuse(runtime, feature, names, acquired)

@@ -34,7 +34,6 @@ from service.extractors.sensor import given_vector
 from service.floor import FloorMeter
 from service.gate import ThreadGate
 from service.items import DecodedItem
-from service.loop_lag import LoopLag
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
 from service.schemas import CostReport, PredictResponse, Timings
@@ -140,9 +139,6 @@ class PredictHandler:
         self._interval_start = time.perf_counter()
         self._interval_min = math.inf
         self._standing = False
-        # How far behind the event loop runs (started by the app on its loop): the unseen
-        # wait of bytes in the socket buffer, which admission counts as lateness.
-        self.loop_lag = LoopLag()
 
     @property
     def reserve_ms(self) -> float:
@@ -152,7 +148,6 @@ class PredictHandler:
     def close(self) -> None:
         """Stop the worker threads (once the requests in flight have finished)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.loop_lag.stop()
 
     def expected_wait_s(self) -> float:
         """How long a request arriving now should expect to wait for a thread."""
@@ -412,8 +407,7 @@ class PredictHandler:
         overhead from the start is never refused: it is answered, and says so
         (``below_floor``)."""
         now = time.perf_counter()
-        unseen_ms = self.loop_lag.ms()
-        late_ms = (now - received) * 1e3 + unseen_ms
+        late_ms = (now - received) * 1e3  # the receipt is dated back by the loop's lag
         if now - self._interval_start > QUEUE_INTERVAL_S:
             self._standing = self._interval_min > QUEUE_TARGET_MS
             self._interval_start, self._interval_min = now, late_ms
@@ -424,13 +418,11 @@ class PredictHandler:
             return
         self.metrics.admission.labels(result="deadline").inc()
         raise Overloaded(
-            f"the request reached the service's work {late_ms:.1f} ms after its arrival "
-            f"({unseen_ms:.1f} ms of it unseen in the socket while the event loop was behind), "
+            f"the request reached the service's work {late_ms:.1f} ms after its receipt, "
             f"behind a standing queue; what is left of its {budget:g} ms budget cannot pay "
             f"for the {reserve:.2f} ms an answer takes: retry (or send a larger budget)",
             RETRY_AFTER_S,
             late_ms=round(late_ms, 3),
-            unseen_ms=round(unseen_ms, 3),
             reserve_ms=round(reserve, 3),
         )
 

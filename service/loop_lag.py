@@ -2,10 +2,12 @@
 
 A request's receipt is stamped when the event loop reads its first bytes
 (``service.server``). While the loop is busy, bytes that have arrived wait in the kernel's
-socket buffer, unseen, for about as long as the loop is behind; the client counts that wait,
-the receipt does not. Under an overload that is where the queue forms (each request is
-answered quickly once seen, but seen late), so admission by deadline
-(``PredictHandler._admit_by_deadline``) adds this lag to the lateness it sees.
+socket buffer, unseen, for about as long as the loop is behind; the client counts that wait.
+Under an overload that is where the queue forms (each request is answered quickly once seen,
+but seen late). So the receipt is dated back by the loop's lag at the moment the bytes are
+read (``ConnectionClock.bytes_arrived``), and the deadline and admission
+(``PredictHandler._admit_by_deadline``) count that wait too. ``LOOP_LAG`` is the process's
+instance: the app starts it on its loop.
 
 :class:`LoopLag` keeps a timer every ``period_s`` on the loop and measures how late it fires;
 :meth:`LoopLag.ms` is the larger of the last lateness and how overdue the next tick is now
@@ -37,7 +39,10 @@ class LoopLag:
         self._handle: asyncio.TimerHandle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start ticking on ``loop`` (the running loop of this process)."""
+        """Start ticking on ``loop`` (the running loop of this process), instead of any loop
+        it ticked on before."""
+        self.stop()
+        self.last_s = 0.0
         self._loop = loop
         self._schedule()
 
@@ -63,3 +68,7 @@ class LoopLag:
             return 0.0
         overdue = time.perf_counter() - self._due - self.slack_s
         return max(self.last_s, overdue, 0.0) * 1000.0
+
+
+#: The process's lag (one event loop per worker process).
+LOOP_LAG = LoopLag()

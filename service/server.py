@@ -54,6 +54,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import multiprocess
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from service.loop_lag import LOOP_LAG
 from service.settings import Settings
 
 
@@ -227,7 +228,8 @@ class ConnectionClock:
 
     def bytes_arrived(self) -> None:
         if self.first_byte_at is None and not self.busy:
-            self.first_byte_at = time.perf_counter()
+            # dated back by how far behind the loop runs: the bytes waited unseen that long
+            self.first_byte_at = time.perf_counter() - LOOP_LAG.ms() / 1000.0
 
     def request_began(self) -> float:
         """A request's head is in and the app has it: its receipt (now, if no bytes were

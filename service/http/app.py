@@ -30,6 +30,7 @@ from service.http.predict import PredictEndpoint
 from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
+from service.loop_lag import LOOP_LAG
 from service.management import ModelManager, snapshot
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, load_registry
@@ -200,6 +201,7 @@ def create_app(
             yield
         finally:
             state.ready = False
+            LOOP_LAG.stop()
             if grpc_server is not None:
                 await grpc_server.stop()
             if watcher is not None:
@@ -304,7 +306,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         default_accounting=settings.accounting,
         inline_ms=settings.inline_ms,
     )
-    state.handler.loop_lag.start(asyncio.get_running_loop())
+    LOOP_LAG.start(asyncio.get_running_loop())
     await measure_floor(state.handler, reg)
     state.ready = bool(reg.bundles)
 

@@ -223,6 +223,12 @@ def _summary(marg: F64, labels: I64) -> tuple[F64, F32]:  # pragma: no cover
     return conf, mean
 
 
+def _check_word(emission: F64) -> None:
+    # the kernels do not check bounds: an empty word would read out of bounds
+    if len(emission) == 0:
+        raise ValueError("a word has at least one part")
+
+
 def summary(marg: F64, labels: I64) -> tuple[F64, F32]:
     """Each part's marginal probability of its label (L,) and the marginals' mean over the
     parts (Y,) as float32 (the class probabilities a structured answer reports)."""
@@ -235,6 +241,7 @@ def summary(marg: F64, labels: I64) -> tuple[F64, F32]:
 def viterbi(emission: F64, chain: ChainParams) -> I64:
     """:func:`service.strategies.chain.viterbi_one`, compiled: the best labels of one word
     (L, Y); ties go to the lowest label."""
+    _check_word(emission)
     out: I64 = _viterbi(
         np.ascontiguousarray(emission, dtype=np.float64),
         chain.transition_t,
@@ -247,6 +254,7 @@ def viterbi(emission: F64, chain: ChainParams) -> I64:
 def marginals(emission: F64, chain: ChainParams) -> F64:
     """:func:`service.strategies.chain.marginals_one`, compiled: per-part label marginals of
     one word (L, Y)."""
+    _check_word(emission)
     trans, start, end = chain.probabilities
     out: F64 = _marginals(
         np.ascontiguousarray(emission, dtype=np.float64), trans, chain.probabilities_t, start, end
@@ -256,6 +264,7 @@ def marginals(emission: F64, chain: ChainParams) -> F64:
 
 def policy_inputs(base_features: F32, emission: F64, marg: F64) -> F32:
     """:func:`service.strategies.chain.policy_inputs_v1` given the S0 marginals, compiled."""
+    _check_word(emission)
     out: F32 = _policy_inputs(
         np.ascontiguousarray(base_features, dtype=np.float32),
         np.ascontiguousarray(emission, dtype=np.float64),
@@ -266,6 +275,7 @@ def policy_inputs(base_features: F32, emission: F64, marg: F64) -> F32:
 
 def decode(emission: F64, chain: ChainParams) -> tuple[I64, F64]:
     """:func:`viterbi` and :func:`marginals` of one word in one compiled call."""
+    _check_word(emission)
     trans, start, end = chain.probabilities
     out: tuple[I64, F64] = _decode(
         np.ascontiguousarray(emission, dtype=np.float64),
@@ -283,6 +293,7 @@ def decode(emission: F64, chain: ChainParams) -> tuple[I64, F64]:
 def s0_pass(base_features: F32, emission: F64, chain: ChainParams) -> tuple[F64, F32]:
     """The S0 marginals (:func:`marginals`) and the policy's inputs from them
     (:func:`policy_inputs`) in one compiled call."""
+    _check_word(emission)
     trans, start, end = chain.probabilities
     out: tuple[F64, F32] = _s0_pass(
         np.ascontiguousarray(base_features, dtype=np.float32),

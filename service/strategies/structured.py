@@ -447,7 +447,7 @@ class StructuredOneShotRuntime(
 
     def check_policy(self, width: int) -> None:
         spec = self.spec
-        self.subsets = [sorted(self.names.index(n) for n in s) for s in spec.subsets]
+        self.subsets = [sorted({self.names.index(n) for n in s}) for s in spec.subsets]
         cols = 1 if len(spec.subsets) == 2 else len(spec.subsets)
         for point in spec.points:
             if point.column + cols > width:
@@ -505,7 +505,6 @@ class AnytimeSession(StructuredSession):
         super().__init__(runtime, size, budget)
         self.anytime = runtime
         self.planned = budget
-        self.order: list[str] = []
 
     def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
         """Alg. 2's whole sequence: at step t (t = optional pairs in hand), π_t's best pair
@@ -536,7 +535,6 @@ class AnytimeSession(StructuredSession):
             have[j][p] = True
             t += 1
             order.append((p, rt.optional_k[j]))
-        self.order = [rt.feature(p, k) for p, k in order]
         return order
 
     def extra(self) -> dict[str, Any]:

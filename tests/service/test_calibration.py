@@ -358,3 +358,20 @@ def test_an_unplanned_extractor_is_forgotten_then_probed() -> None:
 def test_bad_forgetting_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         make(**kwargs)
+
+
+def test_a_shared_step_that_lost_the_cpu_teaches_only_the_contention() -> None:
+    """A step of two extractions (the request loop's ``Acquire.then``) whose thread had the
+    CPU for 30 % of its time cannot say which of them waited: no extractor's ratio moves,
+    the contention does. With its CPU the whole time, each extraction's ratio is recorded
+    from its own wall time."""
+    from service.execution import MeasuredCost
+
+    cal = make(min_samples=1)
+    meter = MeasuredCost(0.0, cal, 1000)
+    slow = 3.0 * curve(1000) / 1000.0  # seconds: three times hog's profiled cost
+    meter.charge_step([("hog", slow), ("lbp", 0.0001)], cpu_share=0.3)
+    assert cal.factor("hog", 1000) == 1.0 and cal.factor("lbp", 1000) == 1.0
+    assert cal.contention() > 1.0
+    meter.charge_step([("hog", slow), ("lbp", 0.0001)], cpu_share=1.0)
+    assert cal.factor("hog", 1000) == pytest.approx(3.0)

@@ -21,12 +21,14 @@ import pytest
 
 from service.cache import InProcessCache
 from service.execution import (
+    DeclaredCost,
     ExtractorSource,
     MeasuredCost,
     StrategyFault,
     execute,
     run_session,
 )
+from service.extractors.base import FeatureUnavailable
 from service.handler import PredictHandler
 from service.items import DecodedItem
 from service.metrics import Metrics
@@ -324,3 +326,35 @@ def test_a_then_feature_past_the_measured_budget_is_not_started(tiny: Bundle) ->
     assert run.charged[names[0]] >= 30.0
     assert run.stopped_early
     assert len(runtime.fallbacks) == 1
+
+
+class _Unavailable(ExtractorSource):
+    """The router's extractors, with ``a`` a sensor that cannot be had now."""
+
+    def acquire(self, feature: str) -> Any:
+        if feature == "a":
+            raise FeatureUnavailable("sensor a: no value for this id (the store had none)")
+        return super().acquire(feature)
+
+
+def test_a_then_feature_that_is_unavailable_ends_the_step_like_a_step(router: Bundle) -> None:
+    """r, then a (unavailable), then b: the loop keeps r, charges nothing for a, never
+    starts b, and the fallback answers from r, naming a as the feature to collect next."""
+    item = _item(router)
+
+    def script(obs: Observation, i: int) -> Any:
+        return Acquire("r", (("a", 5.0), ("b", 5.0)))
+
+    runtime = ScriptedRuntime(router.runtime, script)
+    run = run_session(
+        runtime,
+        item.size,
+        100.0,
+        {},
+        _Unavailable(router.extractors, item.data),
+        DeclaredCost(router.costs.profiled_at(item.size)),
+    )
+    assert list(run.acquired) == ["r"]
+    assert run.charged == {"r": 1.0}
+    assert run.next_feature == "a" and "no value" in run.unavailable["a"]
+    assert len(runtime.fallbacks) == 1 and sorted(runtime.fallbacks[0].features) == ["r"]

@@ -131,3 +131,17 @@ def test_compiled_policy_inputs_match_the_plain_recipe(length: int) -> None:
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, _inputs_reference(x, em, chain), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, policy_inputs_v1(x, em, chain), rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_kernels_refuse_an_empty_word() -> None:
+    """They do not check bounds inside: the wrappers refuse a word of no parts."""
+    chain = _chain(np.random.default_rng(0), 3)
+    empty = np.zeros((0, 3))
+    for call in (
+        lambda: chain_kernels.viterbi(empty, chain),
+        lambda: chain_kernels.marginals(empty, chain),
+        lambda: chain_kernels.decode(empty, chain),
+        lambda: chain_kernels.s0_pass(np.zeros((0, 2), dtype=np.float32), empty, chain),
+    ):
+        with pytest.raises(ValueError, match="at least one part"):
+            call()
