@@ -4,10 +4,10 @@ A request's receipt is stamped when the event loop reads its first bytes
 (``service.server``). While the loop is busy, bytes that have arrived wait in the kernel's
 socket buffer, unseen, for about as long as the loop is behind; the client counts that wait.
 Under an overload that is where the queue forms (each request is answered quickly once seen,
-but seen late). So the receipt is dated back by the loop's lag at the moment the bytes are
-read (``ConnectionClock.bytes_arrived``), and the deadline and admission
-(``PredictHandler._admit_by_deadline``) count that wait too. ``LOOP_LAG`` is the process's
-instance: the app starts it on its loop.
+but seen late). So the receipt is dated back by how overdue the loop's timer is at the
+moment the bytes are read (``ConnectionClock.bytes_arrived``, :meth:`LoopLag.overdue_ms`),
+and the deadline and admission (``PredictHandler._admit_by_deadline``) count that wait too.
+``LOOP_LAG`` is the process's instance: the app starts it on its loop.
 
 :class:`LoopLag` keeps a timer every ``period_s`` on the loop and measures how late it fires;
 :meth:`LoopLag.ms` is the larger of the last lateness and how overdue the next tick is now
@@ -61,6 +61,15 @@ class LoopLag:
         self.last_s = max(time.perf_counter() - self._due - self.slack_s, 0.0)
         if self._loop is not None:
             self._schedule()
+
+    def overdue_ms(self) -> float:
+        """How overdue the next tick is now, in milliseconds: how long the loop has been
+        busy without getting back to its timers (0 when it is keeping up). Bytes read now
+        may have waited that long unseen; a loop back from a long callback has run its
+        timers before it reads, so a stale lateness is not counted."""
+        if self._loop is None:
+            return 0.0
+        return max(time.perf_counter() - self._due - self.slack_s, 0.0) * 1000.0
 
     def ms(self) -> float:
         """The loop's lag now, in milliseconds (0 when it keeps up, or is not started)."""

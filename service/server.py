@@ -229,7 +229,7 @@ class ConnectionClock:
     def bytes_arrived(self) -> None:
         if self.first_byte_at is None and not self.busy:
             # dated back by how far behind the loop runs: the bytes waited unseen that long
-            self.first_byte_at = time.perf_counter() - LOOP_LAG.ms() / 1000.0
+            self.first_byte_at = time.perf_counter() - LOOP_LAG.overdue_ms() / 1000.0
 
     def request_began(self) -> float:
         """A request's head is in and the app has it: its receipt (now, if no bytes were
