@@ -453,6 +453,7 @@ def write_report(
         anytime_beyond=sum(r.beyond_bound for r in any_runs),
         anytime_requests=sum(len(r.ms) for r in any_runs),
         worst_overrun=f"{max((max(r.overrun_ms, default=0.0) for r in any_runs), default=0.0):.2f}",
+        arcs_pruned=f"{stats.get('arcs_pruned', float('nan')):.3f}",
     )
     (args.out / "parsing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out / 'parsing.md'} ({elapsed:.0f} s)")
