@@ -9,11 +9,9 @@ moment the bytes are read (``ConnectionClock.bytes_arrived``, :meth:`LoopLag.ove
 and the deadline and admission (``PredictHandler._admit_by_deadline``) count that wait too.
 ``LOOP_LAG`` is the process's instance: the app starts it on its loop.
 
-:class:`LoopLag` keeps a timer every ``period_s`` on the loop and measures how late it fires;
-:meth:`LoopLag.ms` is the larger of the last lateness and how overdue the next tick is now
-(an overdue tick means the loop is in a long batch of callbacks right now). Lateness up to
-``slack_s`` is the timer's own granularity (uvloop rounds to the millisecond) and is not
-counted.
+:class:`LoopLag` keeps a timer every ``period_s`` on the loop; an overdue tick means the
+loop is in a long batch of callbacks right now. Lateness up to ``slack_s`` is the timer's own
+granularity (uvloop rounds to the millisecond) and is not counted.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ class LoopLag:
     def __init__(self, period_s: float = PERIOD_S, slack_s: float = SLACK_S) -> None:
         self.period_s = period_s
         self.slack_s = slack_s
-        self.last_s = 0.0
         self._due = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -42,7 +39,6 @@ class LoopLag:
         """Start ticking on ``loop`` (the running loop of this process), instead of any loop
         it ticked on before."""
         self.stop()
-        self.last_s = 0.0
         self._loop = loop
         self._schedule()
 
@@ -58,7 +54,6 @@ class LoopLag:
         self._handle = self._loop.call_later(self.period_s, self._tick)
 
     def _tick(self) -> None:
-        self.last_s = max(time.perf_counter() - self._due - self.slack_s, 0.0)
         if self._loop is not None:
             self._schedule()
 
@@ -70,13 +65,6 @@ class LoopLag:
         if self._loop is None:
             return 0.0
         return max(time.perf_counter() - self._due - self.slack_s, 0.0) * 1000.0
-
-    def ms(self) -> float:
-        """The loop's lag now, in milliseconds (0 when it keeps up, or is not started)."""
-        if self._loop is None:
-            return 0.0
-        overdue = time.perf_counter() - self._due - self.slack_s
-        return max(self.last_s, overdue, 0.0) * 1000.0
 
 
 #: The process's lag (one event loop per worker process).

@@ -251,30 +251,9 @@ def viterbi(emission: F64, chain: ChainParams) -> I64:
     return out
 
 
-def marginals(emission: F64, chain: ChainParams) -> F64:
-    """:func:`service.strategies.chain.marginals_one`, compiled: per-part label marginals of
-    one word (L, Y)."""
-    _check_word(emission)
-    trans, start, end = chain.probabilities
-    out: F64 = _marginals(
-        np.ascontiguousarray(emission, dtype=np.float64), trans, chain.probabilities_t, start, end
-    )
-    return out
-
-
-def policy_inputs(base_features: F32, emission: F64, marg: F64) -> F32:
-    """:func:`service.strategies.chain.policy_inputs_v1` given the S0 marginals, compiled."""
-    _check_word(emission)
-    out: F32 = _policy_inputs(
-        np.ascontiguousarray(base_features, dtype=np.float32),
-        np.ascontiguousarray(emission, dtype=np.float64),
-        np.ascontiguousarray(marg, dtype=np.float64),
-    )
-    return out
-
-
 def decode(emission: F64, chain: ChainParams) -> tuple[I64, F64]:
-    """:func:`viterbi` and :func:`marginals` of one word in one compiled call."""
+    """:func:`viterbi` and the per-part label marginals of one word (L, Y) in one compiled
+    call (:func:`service.strategies.chain.marginals_one`'s, rescaled at every part)."""
     _check_word(emission)
     trans, start, end = chain.probabilities
     out: tuple[I64, F64] = _decode(
@@ -291,8 +270,8 @@ def decode(emission: F64, chain: ChainParams) -> tuple[I64, F64]:
 
 
 def s0_pass(base_features: F32, emission: F64, chain: ChainParams) -> tuple[F64, F32]:
-    """The S0 marginals (:func:`marginals`) and the policy's inputs from them
-    (:func:`policy_inputs`) in one compiled call."""
+    """The S0 marginals and the policy's inputs from them
+    (:func:`service.strategies.chain.policy_inputs_v1`) in one compiled call."""
     _check_word(emission)
     trans, start, end = chain.probabilities
     out: tuple[F64, F32] = _s0_pass(
@@ -310,10 +289,7 @@ def compile_kernels(chain: ChainParams, dims: int) -> None:
     """Compile every kernel for ``chain``'s label count and base features of ``dims``
     columns (a no-op after the first time in a process)."""
     emission = np.zeros((2, chain.n_labels))
-    base = np.zeros((2, dims), dtype=np.float32)
-    marg = marginals(emission, chain)
     viterbi(emission, chain)
-    policy_inputs(base, emission, marg)
     labels, marg = decode(emission, chain)
-    s0_pass(base, emission, chain)
+    s0_pass(np.zeros((2, dims), dtype=np.float32), emission, chain)
     summary(marg, labels)

@@ -58,6 +58,13 @@ def _best_in_hand(runtime: ScriptedRuntime, obs: Observation) -> Answer:
     return Answer(runtime.best_computable(set(obs.features)))
 
 
+def _execute(router: Bundle, runtime: ScriptedRuntime, seen: Extractions) -> None:
+    """``runtime`` on the router's row, 100 to spend, nothing in hand."""
+    execute(
+        router, _item(router), 100.0, {}, time.perf_counter(), runtime=runtime, on_extraction=seen
+    )
+
+
 class Extractions:
     """Records ``on_extraction`` calls: which extractors really ran."""
 
@@ -98,15 +105,7 @@ def test_acquiring_a_feature_twice_is_stopped_before_extracting_it_again(
         match=r"'scripted' asked to acquire 'r', which it "
         r"already has \(acquired earlier in this request\)",
     ) as caught:
-        execute(
-            router,
-            _item(router),
-            100.0,
-            {},
-            time.perf_counter(),
-            runtime=runtime,
-            on_extraction=seen,
-        )
+        _execute(router, runtime, seen)
     assert caught.value.strategy == "scripted"
     assert seen.names == ["r"], "the extractor ran once"
     assert len(runtime.steps) == 2
@@ -280,15 +279,7 @@ def test_a_then_feature_in_hand_or_unknown_is_stopped_like_a_step(
     runtime = ScriptedRuntime(router.runtime, script)
     seen = Extractions()
     with pytest.raises(StrategyFault, match=match):
-        execute(
-            router,
-            _item(router),
-            100.0,
-            {},
-            time.perf_counter(),
-            runtime=runtime,
-            on_extraction=seen,
-        )
+        _execute(router, runtime, seen)
     assert seen.names == ["r"], "r ran once; the bad one never"
 
 

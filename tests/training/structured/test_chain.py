@@ -99,8 +99,9 @@ def test_compiled_viterbi_and_marginals_match_brute_force(labels: int) -> None:
         chain = _chain(rng, labels)
         word = rng.normal(size=(int(rng.integers(1, 6)), labels)) * 2
         truth, truth_marg = brute_force(word, chain)
-        assert chain_kernels.viterbi(word, chain).tolist() == truth.tolist()
-        np.testing.assert_allclose(chain_kernels.marginals(word, chain), truth_marg, atol=1e-9)
+        found, marg = chain_kernels.decode(word, chain)
+        assert chain_kernels.viterbi(word, chain).tolist() == found.tolist() == truth.tolist()
+        np.testing.assert_allclose(marg, truth_marg, atol=1e-9)
 
 
 def test_compiled_kernels_match_the_numpy_ones_on_ocr_sized_words() -> None:
@@ -112,10 +113,10 @@ def test_compiled_kernels_match_the_numpy_ones_on_ocr_sized_words() -> None:
     for c in (chain, steep):
         for length in range(1, 15):
             word = rng.normal(size=(length, 26)) * 3
+            labels, marg = chain_kernels.decode(word, c)
             assert chain_kernels.viterbi(word, c).tolist() == viterbi_one(word, c).tolist()
-            np.testing.assert_allclose(
-                chain_kernels.marginals(word, c), marginals_one(word, c), atol=1e-9
-            )
+            assert labels.tolist() == viterbi_one(word, c).tolist()
+            np.testing.assert_allclose(marg, marginals_one(word, c), atol=1e-9)
     flat = ChainParams(np.zeros((26, 26)), np.zeros(26), np.zeros(26))
     tied = np.zeros((4, 26))
     assert chain_kernels.viterbi(tied, flat).tolist() == viterbi_one(tied, flat).tolist() == [0] * 4
@@ -127,7 +128,8 @@ def test_compiled_policy_inputs_match_the_plain_recipe(length: int) -> None:
     chain = _chain(rng, 3)
     x = rng.random((length, 5)).astype(np.float32)
     em = rng.normal(size=(length, 3)) * 3
-    got = chain_kernels.policy_inputs(x, em, chain_kernels.marginals(em, chain))
+    marg, got = chain_kernels.s0_pass(x, em, chain)
+    np.testing.assert_allclose(marg, marginals_one(em, chain), atol=1e-9)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, _inputs_reference(x, em, chain), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, policy_inputs_v1(x, em, chain), rtol=1e-6, atol=1e-6)
@@ -139,7 +141,6 @@ def test_compiled_kernels_refuse_an_empty_word() -> None:
     empty = np.zeros((0, 3))
     for call in (
         lambda: chain_kernels.viterbi(empty, chain),
-        lambda: chain_kernels.marginals(empty, chain),
         lambda: chain_kernels.decode(empty, chain),
         lambda: chain_kernels.s0_pass(np.zeros((0, 2), dtype=np.float32), empty, chain),
     ):
