@@ -10,7 +10,7 @@ method in a random order) so that the shared machine's load affects them alike.
 ``python -m benchmarks.ocr [--chain-words N --policy-words N --test-words N --max-iter N]``
 writes docs/benchmarks/ocr.md, ocr.png (Fig. 3) and ocr_example.png (Fig. 2).
 
-It stays one module (over 450 lines): training, the interleaved timing of every method
+The module stays whole (over 450 lines): training, the interleaved timing of every method
 and the Fig. 2/3 report are one experiment; the method itself lives in training/structured/.
 """
 

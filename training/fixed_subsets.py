@@ -22,6 +22,9 @@ accuracy (:class:`service.bundle.FixedPoint`, :mod:`service.strategies.fixed`).
 Fits are cached in this process by the digest of their rows, columns and settings, so the
 DAG's classifier bank and the fixed points of one build (or the three builders of a benchmark
 on the same split) fit each subset once.
+
+The module stays whole (over 450 lines): the search, the per-subset fit and its cache are
+the one recipe every tabular builder shares; split, the parts would only call each other.
 """
 
 from __future__ import annotations

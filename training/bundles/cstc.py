@@ -14,6 +14,10 @@ the same sensors in hand), with ``linear`` the node's own classifier softmax(ÎºÂ
 bundle model per node (a node without features is a prior). Beside the points the bundle
 carries the best fixed sensor subsets. Values are rounded to float32 before training, as the
 sensor extractor serves them.
+
+The module stays whole (over 450 lines): fitting the trees, choosing the validation Pareto
+set, the cascade's exits and the export all read one spec and one set of fitted trees, in
+that order, and nothing else builds from them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@
    at the range's largest size fits the budget, on the same held-out images). The report is
    written into the bundle as ``evaluation.json`` (:mod:`training.bundles.folder_report`).
 
-About 500 lines: steps 1-5 stay whole, since each reads the one :class:`FolderConfig` and
+The module stays whole (over 450 lines): steps 1-5 read the one :class:`FolderConfig` and
 :class:`FolderData` the others build (the CSTC builder, :mod:`training.bundles.cstc_folder`,
 reuses them); the report, which only reads a written bundle, has its own module.
 """

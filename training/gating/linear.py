@@ -33,8 +33,8 @@ to f1's correctness (pseudo label 1 when f1 is right); low P(correct) sends the 
 
 ADAPT-GBRT and GreedyMiser are in :mod:`training.gating.gbrt`, the solvers in
 :mod:`training.gating.solvers`, what every gated system shares in :mod:`training.gating.base`.
-About 460 lines: the two linear systems stay together because L1 is ADAPT-LIN's baseline and
-they share its f1 model and export shape.
+The module stays whole (over 450 lines): the two linear systems stay together because L1 is
+ADAPT-LIN's baseline and they share its f1 model and export shape.
 """
 
 from __future__ import annotations
