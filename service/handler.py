@@ -328,6 +328,8 @@ class PredictHandler:
             inline = affordable and (
                 left_ms <= self.inline_ms or (self._standing and self.inline_ms > 0)
             )
+            if inline and left_ms > self.inline_ms:
+                self.metrics.admission.labels(result="inline_behind").inc()
         else:  # a budget that is not time: wait at most max_wait_s, then answer from what it has
             wait_limit = self.limits.max_wait_s
         queued_s = 0.0

@@ -124,7 +124,8 @@ class Metrics:
             "refused (queue_full, queue_bytes) or answered at once from what they had "
             "(answered_unqueued, wait_expired), or refused because the event loop reached them "
             "too late (queue_delay), with too many predictions in flight (in_flight) or with a "
-            "deadline that could no longer be met (deadline)",
+            "deadline that could no longer be met (deadline), or run on the event loop with a "
+            "plan cut to the inline size because the process is behind (inline_behind)",
             ["result"],
             registry=r,
         )
@@ -158,6 +159,7 @@ class Metrics:
             "queue_delay",
             "in_flight",
             "deadline",
+            "inline_behind",
         ):
             self.admission.labels(result=result)
 

@@ -303,9 +303,13 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
     assert queued[-1] <= 100, queued
     spent = sorted(b["cost"]["spent"] for b in small_results)
     assert spent[len(spent) // 2] <= 5, spent
+    # Small requests that found the thread busy did not wait for it: they answered at once
+    # from what they had, or (the process behind a standing queue, its loop blocked by the
+    # big bodies) ran a plan cut to the inline size on the loop.
     unqueued = metric(metrics, 'budgetserve_admission_total{result="answered_unqueued"}')
     expired = metric(metrics, 'budgetserve_admission_total{result="wait_expired"}')
-    assert unqueued + expired > 0
+    behind = metric(metrics, 'budgetserve_admission_total{result="inline_behind"}')
+    assert unqueued + expired + behind > 0
     rejected = {
         r: metric(metrics, f'budgetserve_admission_total{{result="{r}"}}')
         for r in ("queue_full", "queue_bytes")
