@@ -431,7 +431,7 @@ def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
                         f"{method} (cascade alone)",
                         cstc_spec(task, [method]),
                         build_cstc_bundle,
-                        {"adaptive_only": True, "variants": (("", None),)},
+                        {"adaptive_only": True, "variants": (served.Variant(""),)},
                     )
                 )
             continue

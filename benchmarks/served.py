@@ -83,6 +83,10 @@ class Served:
     fixed_cost: dict[float, FloatArray] = field(default_factory=dict)
     fixed_subset: dict[float, Counter[str]] = field(default_factory=dict)
     f1_right: dict[float, BoolArray] = field(default_factory=dict)  # gating: f1 alone
+    mean: bool = False  # the budget asked as a mean (budget_mode "mean")
+    mix_right: dict[float, BoolArray] = field(default_factory=dict)  # mean: fixed mixture
+    mix_cost: dict[float, FloatArray] = field(default_factory=dict)
+    mix_subsets: dict[float, Counter[str]] = field(default_factory=dict)
     labels: npt.NDArray[Any] = field(default_factory=lambda: np.zeros(0))  # pooled test labels
     references: dict[str, BoolArray] = field(default_factory=dict)
     build_seconds: float = 0.0
@@ -220,9 +224,24 @@ def best_fixed(fixed: Sequence[Any], budget: float) -> Any:
     return max(fits, key=lambda f: (f.val_accuracy, -f.cost))
 
 
-#: The served variants of every bundle: the bundle as built, and with ``margin`` 0 in its
-#: manifest (an adaptive point served whenever it is ahead on validation at all).
-VARIANTS: tuple[tuple[str, float | None], ...] = (("", None), (" (margin 0)", 0.0))
+@dataclass(frozen=True)
+class Variant:
+    """One way of serving a bundle: ``margin`` written into its manifest (None: as built),
+    and whether the budget is asked as a mean (``budget_mode`` "mean")."""
+
+    suffix: str
+    margin: float | None = None
+    mean: bool = False
+
+
+#: The served variants of every bundle: as built (the budget a per-item cap), with ``margin``
+#: 0 in its manifest (an adaptive point served whenever it is ahead on validation at all),
+#: and as built with the budget asked as a mean (the papers' budget: an average cost).
+VARIANTS: tuple[Variant, ...] = (
+    Variant(""),
+    Variant(" (margin 0)", 0.0),
+    Variant(" (mean budget)", mean=True),
+)
 
 
 def run_method(
@@ -237,7 +256,7 @@ def run_method(
     tolerance: float | None = None,
     f1_alone: Callable[[Any, str, FloatArray], BoolArray | None] | None = None,
     adaptive_only: bool = False,
-    variants: Sequence[tuple[str, float | None]] = VARIANTS,
+    variants: Sequence[Variant] = VARIANTS,
     log: Callable[[str], None] = print,
 ) -> list[Served]:
     """Build per seed, serve every test row at every budget once per variant (the bundle's
@@ -245,7 +264,7 @@ def run_method(
     variant."""
     import redis
 
-    outs = [Served(method + suffix, task) for suffix, _ in variants]
+    outs = [Served(method + v.suffix, task, mean=v.mean) for v in variants]
     store = redis.Redis.from_url(redis_url)
     parts: list[dict[float, dict[str, list[Any]]]] = [
         {b: {} for b in task.budgets} for _ in variants
@@ -275,9 +294,12 @@ def run_method(
         labels.append(np.asarray([str(v) for v in y_te]))
         for ref, right in _references(x_tr, y_tr, x_te, y_te, seed).items():
             references.setdefault(ref, []).append(right)
-        for (_, margin), out, acc in zip(variants, outs, parts, strict=True):
-            if margin is not None:
-                _edit_strategies(folder / name, {"margin": margin})
+        built_margin = margin = _margin(folder / name)
+        for variant, out, acc in zip(variants, outs, parts, strict=True):
+            wanted = built_margin if variant.margin is None else variant.margin
+            if wanted != margin:
+                _edit_strategies(folder / name, {"margin": wanted})
+                margin = wanted
             t1 = time.perf_counter()
             with serving(folder, name, redis_url, prefix + "{id}") as port:
                 client = Client(port)
@@ -288,12 +310,16 @@ def run_method(
                             body["strategy"] = strategy
                         if tolerance is not None:
                             body["tolerance"] = tolerance
+                        if variant.mean:
+                            body["budget_mode"] = "mean"
                         rows = [
                             client.predict({**body, "item": {"id": str(i)}})
                             for i in range(len(x_te))
                         ]
                         out.requests += len(rows)
                         _collect(acc[budget], rows, y_te, result, budget, x_te, classes, f1_alone)
+                        if variant.mean:
+                            _collect_mixture(acc[budget], y_te, result, budget, x_te, classes)
                 finally:
                     client.close()
             out.serve_seconds += time.perf_counter() - t1
@@ -320,6 +346,10 @@ def _pool(out: Served, parts: dict[float, dict[str, list[Any]]]) -> None:
         out.fixed_right[budget] = np.concatenate(got["fixed_right"])
         out.fixed_cost[budget] = np.concatenate(got["fixed_cost"])
         out.fixed_subset[budget] = Counter(got["fixed_subset"])
+        if got.get("mix_right"):
+            out.mix_right[budget] = np.concatenate(got["mix_right"])
+            out.mix_cost[budget] = np.concatenate(got["mix_cost"])
+            out.mix_subsets[budget] = Counter(got["mix_subsets"])
         f1 = got.get("f1_right") or []
         if f1 and all(r is not None for r in f1):  # the same routing point on every seed
             out.f1_right[budget] = np.concatenate(f1)
@@ -328,6 +358,18 @@ def _pool(out: Served, parts: dict[float, dict[str, list[Any]]]) -> None:
 def balanced(right: BoolArray, labels: npt.NDArray[Any]) -> float:
     """Balanced accuracy: the mean over classes of the share of that class's rows right."""
     return float(np.mean([right[labels == c].mean() for c in np.unique(labels)]))
+
+
+def _margin(bundle: Path) -> float:
+    """The ``margin`` the builder wrote into the bundle's tabular strategies."""
+    from service.bundle import AdaptiveWithFixed, read_manifest
+
+    margins = {
+        s.margin for s in read_manifest(bundle).strategies if isinstance(s, AdaptiveWithFixed)
+    }
+    if len(margins) != 1:
+        raise ValueError(f"{bundle}: expected one margin, found {sorted(margins)}")
+    return float(margins.pop())
 
 
 def _edit_strategies(bundle: Path, update: dict[str, Any]) -> None:
@@ -380,6 +422,52 @@ def _collect(
         )
 
 
+def best_mixture(fixed: Sequence[Any], budget: float) -> tuple[Any, Any, float]:
+    """The best fixed pipeline under a mean budget: two fixed subsets served at random to a
+    share ``p`` and ``1 - p`` of the items, whose average cost fits the budget (the upper
+    concave hull of the fixed subsets at the budget), the most accurate on validation. Returns
+    (cheaper subset, dearer subset, p); one subset alone is (f, f, 1)."""
+    best = best_fixed(fixed, budget)
+    out, score = (best, best, 1.0), best.val_accuracy
+    for lo in fixed:
+        for hi in fixed:
+            if not lo.cost <= budget < hi.cost:
+                continue
+            p = (hi.cost - budget) / (hi.cost - lo.cost)
+            value = p * lo.val_accuracy + (1.0 - p) * hi.val_accuracy
+            if value > score + 1e-12:
+                out, score = (lo, hi, p), value
+    return out
+
+
+def _collect_mixture(
+    acc: dict[str, list[Any]],
+    y_te: npt.NDArray[Any],
+    result: Any,
+    budget: float,
+    x_te: FloatArray,
+    classes: npt.NDArray[Any],
+) -> None:
+    """The best fixed mixture at a mean budget on the test rows: a fixed share of the rows
+    (every k-th, evenly spread) answered by the cheaper subset, the others by the dearer."""
+    lo, hi, p = best_mixture(result.fixed, budget)
+    truth = np.asarray([str(v) for v in y_te])
+    rows = np.arange(len(truth))
+    cheap = np.floor((rows + 1) * p) > np.floor(rows * p)  # a share p, evenly spread
+    right = np.empty(len(truth), dtype=bool)
+    cost = np.where(cheap, lo.cost, hi.cost).astype(np.float64)
+    for fit, mask in ((lo, cheap), (hi, ~cheap)):
+        if mask.any():
+            pred = classes[np.argmax(fit.predict_proba(x_te[mask]), axis=1)]
+            right[mask] = np.asarray([str(v) for v in pred]) == truth[mask]
+    acc.setdefault("mix_right", []).append(right)
+    acc.setdefault("mix_cost", []).append(cost)
+    name = "{" + ",".join(lo.sensors) + "}"
+    if hi is not lo:
+        name += f" {100 * p:.0f} % / " + "{" + ",".join(hi.sensors) + "}"
+    acc.setdefault("mix_subsets", []).append(name)
+
+
 def _references(
     x_tr: FloatArray, y_tr: Any, x_te: FloatArray, y_te: Any, seed: int
 ) -> dict[str, BoolArray]:
@@ -415,26 +503,42 @@ LR = "logistic regression, all sensors"
 
 def table(res: Served, label: str) -> list[str]:
     """Per budget: the served method, the best fixed subset, the paired difference."""
+    mean = res.mean and bool(res.mix_right)
     lines = [
-        f"| budget | {label} (served) | spent | answered by | best fixed subset | its cost | "
-        f"difference [95 % CI] |",
-        "|---:|---:|---:|---|---:|---:|---:|",
+        f"| budget | {label} (served) | spent{' mean (max)' if mean else ''} | answered by | "
+        f"best fixed subset | its cost | difference [95 % CI] |"
+        + (" best fixed mixture | its mean cost | difference [95 % CI] |" if mean else ""),
+        "|---:|---:|---:|---|---:|---:|---:|" + ("---:|---:|---:|" if mean else ""),
     ]
     for b in res.task.budgets:
         d, lo, hi = diff_interval(res.right[b], res.fixed_right[b])
         kinds = Counter(res.kinds[b])
         adaptive = 1.0 - kinds.get("fixed", 0) / max(len(res.kinds[b]), 1)
-        point = res.points[b].most_common(1)[0][0]
+        total = max(sum(res.points[b].values()), 1)
+        top = [(q, n) for q, n in res.points[b].most_common(2) if n / total >= 0.05]
         routed = float(np.mean(res.routed[b]))
-        who = f"`{point}`" + (f", routes {100 * routed:.1f} %" if routed > 0 else "")
+        who = (
+            f"`{top[0][0]}`"
+            if len(top) == 1
+            else " / ".join(f"`{q}` {100 * n / total:.0f} %" for q, n in top)
+        ) + (f", routes {100 * routed:.1f} %" if routed > 0 else "")
         if 0 < adaptive < 1:
             who += f" (adaptive on {100 * adaptive:.0f} % of rows)"
         fixed = res.fixed_subset[b].most_common(1)[0][0]
-        lines.append(
-            f"| {b:g} | {wilson_text(res.right[b])} | {res.spent[b].mean():.2f} | {who} | "
+        spent = f"{res.spent[b].mean():.2f}" + (f" ({res.spent[b].max():g})" if mean else "")
+        row = (
+            f"| {b:g} | {wilson_text(res.right[b])} | {spent} | {who} | "
             f"{wilson_text(res.fixed_right[b])} {fixed} | {res.fixed_cost[b].mean():.2f} | "
             f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}] |"
         )
+        if mean:
+            md, mlo, mhi = diff_interval(res.right[b], res.mix_right[b])
+            mix = res.mix_subsets[b].most_common(1)[0][0]
+            row += (
+                f" {wilson_text(res.mix_right[b])} {mix} | {res.mix_cost[b].mean():.2f} | "
+                f"{100 * md:+.2f} [{100 * mlo:+.2f}, {100 * mhi:+.2f}] |"
+            )
+        lines.append(row)
     return lines
 
 
@@ -487,6 +591,39 @@ def summary_line(res: Served, intermediate: Sequence[float]) -> str:
             else ""
         ),
     ]
+    if res.mean and res.mix_right:
+        mix = {b: diff_interval(res.right[b], res.mix_right[b]) for b in intermediate}
+        ahead = [b for b in intermediate if mix[b][0] > 0]
+        behind = [b for b in intermediate if mix[b][0] < -0.005]
+        parts.append(
+            "against the best fixed mixture (two fixed subsets shared out to the budget's "
+            f"average): ahead at {len(ahead)} of {len(intermediate)} intermediate budgets"
+            + (
+                " (" + ", ".join(f"{b:g}: {100 * mix[b][0]:+.2f}" for b in ahead) + ")"
+                if ahead
+                else ""
+            )
+            + (
+                ", more than 0.5 point behind at "
+                + ", ".join(
+                    f"{b:g} ({100 * mix[b][0]:+.2f} [{100 * mix[b][1]:+.2f}, "
+                    f"{100 * mix[b][2]:+.2f}])"
+                    for b in behind
+                )
+                if behind
+                else ", never more than 0.5 point behind"
+            )
+        )
+        over = [b for b in res.task.budgets if res.spent[b].mean() > b + 1e-9]
+        parts.append(
+            "mean spent within the budget at "
+            f"{len(res.task.budgets) - len(over)} of {len(res.task.budgets)} budgets"
+            + (
+                " (over at " + ", ".join(f"{b:g}: {res.spent[b].mean():.3f}" for b in over) + ")"
+                if over
+                else ""
+            )
+        )
     if v["losses"]:
         parts.append(
             "**where we lose** (more than 0.5 point below): "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import logging
 import math
 import os
@@ -69,6 +70,13 @@ class Limits:
     max_queued_bytes: int = 1 << 62
     #: Longest wait for a thread of a request whose budget is not in ms (declared costs).
     max_wait_s: float = 1.0
+
+
+def uniform_of(key: str) -> float:
+    """A number in [0, 1) fixed by an item's key, uniform over keys: which of two points
+    shared out under a mean budget this item gets (the same item, the same point)."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
 
 
 class PredictHandler:
@@ -224,6 +232,8 @@ class PredictHandler:
         version: str | None = None,
         accounting: str | None = None,
         tolerance: float | None = None,
+        budget_mode: str | None = None,
+        max_cost: float | None = None,
         received: float | None = None,
         observe: bool = True,
     ) -> tuple[PredictResponse, dict[str, bytes]]:
@@ -232,6 +242,8 @@ class PredictHandler:
         ``"work"`` (class docstring; None: the default); ``received``: the
         ``perf_counter()`` at which the request arrived (None: now); ``tolerance``: the
         strategy's per-request tolerance (tabular adaptive strategies; None: the bundle's);
+        ``budget_mode``: ``"cap"`` (None: the default) or ``"mean"`` (the budget an average,
+        this item capped by ``max_cost`` or every sensor's cost; see :meth:`_mean_mode`);
         ``observe``: count it in the metrics (not the service's own start-up measurement)."""
         received = time.perf_counter() if received is None else received
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
@@ -251,6 +263,9 @@ class PredictHandler:
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from None
         measured = bundle.manifest.cost_basis == "measured"
+        mean = self._mean_mode(bundle, runtime, budget, budget_mode, max_cost)
+        if mean:
+            runtime = runtime.with_options(mean_budget=float(budget))
         if measured and budget > self.limits.max_budget_ms:
             raise BudgetTooLarge(float(budget), self.limits.max_budget_ms)
         # Only a budget in milliseconds can count from the receipt.
@@ -266,6 +281,13 @@ class PredictHandler:
         decode_s = time.perf_counter() - decode_start
         if size is not None and size != decoded.size:
             raise SizeMismatch(size, decoded.size)
+        # The hard cap of this item's spend: the budget, or with a mean budget max_cost (else
+        # every sensor's cost: nothing can cost more).
+        cap = float(budget)
+        if mean:
+            every = sum(bundle.costs.at(decoded.size).values())
+            cap = float(max_cost) if max_cost is not None else max(every, float(budget))
+            runtime = runtime.with_options(mean_draw=uniform_of(decoded.key))
         nbytes = int(getattr(decoded.data, "nbytes", 0))
 
         # ``spent`` counts from ``start``: the receipt (deadline), or the cache read (work:
@@ -300,7 +322,7 @@ class PredictHandler:
             return started, execute(
                 bundle,
                 decoded,
-                budget,
+                cap,
                 in_hand,
                 start(started),
                 reserve_ms=reserve_ms + squeeze,
@@ -360,8 +382,10 @@ class PredictHandler:
                 self.gate.release()
             queued_s = started - queued_at
         response = self._response(
-            bundle, runtime.name, budget, run, sorted(cached), sorted(given), queued_s
+            bundle, runtime.name, cap, run, sorted(cached), sorted(given), queued_s
         )
+        if mean:
+            response.cost.budget, response.cost.budget_mode, response.cost.cap = budget, "mean", cap
         # The answer is made now, on the event loop: under deadline accounting every
         # millisecond since the receipt is spent (the way back from a worker thread too).
         now = time.perf_counter()
@@ -383,6 +407,50 @@ class PredictHandler:
             for name, vec in run.extracted.items()
         }
         return response, writes
+
+    @staticmethod
+    def _mean_mode(
+        bundle: Bundle,
+        runtime: StrategyRuntime[Any],
+        budget: float,
+        budget_mode: str | None,
+        max_cost: float | None,
+    ) -> bool:
+        """Whether the request asks for a mean budget, checked (``InvalidRequest``, 422): only
+        a strategy that chooses its point by validation numbers can keep an average (the
+        tabular adaptive ones), only in a declared cost unit (a budget in ms is a deadline,
+        which no average keeps), and ``max_cost`` only with it, at least the budget."""
+        if budget_mode not in (None, "cap", "mean"):
+            raise InvalidRequest(f"'budget_mode' must be 'cap' or 'mean', got {budget_mode!r}")
+        if budget_mode != "mean":
+            if max_cost is not None:
+                raise InvalidRequest(
+                    "'max_cost' caps an item under budget_mode 'mean'; with budget_mode 'cap' "
+                    "(the default) the budget is the cap: send one of them"
+                )
+            return False
+        if "mean_budget" not in runtime.request_options:
+            raise InvalidRequest(
+                f"budget_mode 'mean' needs a tabular adaptive strategy (dag, gating, cstc); "
+                f"strategy {runtime.name!r} is of kind {runtime.kind!r}: send budget_mode 'cap' "
+                "(the default)"
+            )
+        if bundle.manifest.cost_basis == "measured":
+            raise InvalidRequest(
+                f"budget_mode 'mean' needs declared costs; bundle {bundle.manifest.name!r} "
+                "measures them in ms, where a budget is a deadline that no average keeps: send "
+                "budget_mode 'cap' (the default)"
+            )
+        if max_cost is not None:
+            if not (isinstance(max_cost, float | int) and math.isfinite(max_cost)):
+                raise InvalidRequest(f"'max_cost' must be a finite number, got {max_cost!r}")
+            if max_cost < budget:
+                raise InvalidRequest(
+                    f"'max_cost' ({max_cost:g}) is below the budget ({budget:g}): no item may "
+                    "spend more than max_cost, so the average cannot reach the budget; send "
+                    "max_cost >= budget"
+                )
+        return True
 
     def _share_ms(self, now: float) -> float:
         """What a request starting its work ``now`` may plan while others wait for a thread

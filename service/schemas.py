@@ -42,6 +42,16 @@ class CostReport(BaseModel):
     extracted: list[str] = Field(
         description="features computed or acquired for this request, in order"
     )
+    budget_mode: Literal["cap", "mean"] = Field(
+        default="cap",
+        description="'cap': `budget` capped this item's spend; 'mean': `budget` is the average "
+        "spend asked for, and this item's spend was capped by `cap`",
+    )
+    cap: float | None = Field(
+        default=None,
+        description="with budget_mode 'mean': the most this item could spend, in `unit` (the "
+        "request's max_cost, else the cost of every sensor)",
+    )
 
 
 class Timings(BaseModel):

@@ -129,6 +129,8 @@ async def answer(
             version=body.version,
             accounting=body.accounting,
             tolerance=body.tolerance,
+            budget_mode=body.budget_mode,
+            max_cost=body.max_cost,
             received=received_at(scope),
         )
     metrics.child(metrics.requests, model=label, status="ok").inc()

@@ -95,6 +95,22 @@ class PredictRequest(BaseModel):
         "point whose validation accuracy is within this much of the best the budget affords "
         "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422)",
     )
+    budget_mode: Literal["cap", "mean"] | None = Field(
+        default=None,
+        description="'cap' (the default): the budget caps this item's spend. 'mean' (tabular "
+        "adaptive strategies with declared costs): the budget is the average spend wanted "
+        "over the client's requests; the service serves the best average the bundle's points "
+        "deliver there on validation (one point, or two shared out over the items), so an "
+        "easy item may spend less and a hard one more, up to `max_cost`",
+    )
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="with budget_mode 'mean': the most this item may spend (at least the "
+        "budget). Absent: no cap but the cost of every sensor",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -42,7 +42,7 @@ from service.strategies.base import (
     pareto,
     register_strategy,
 )
-from service.strategies.fixed import FixedPoints, Option, capped_at, pick
+from service.strategies.fixed import ChoosesAPoint, FixedPoints, Option, capped_at
 from service.types import FloatVector
 
 
@@ -143,9 +143,8 @@ class CstcSession(Session):
 
 
 @register_strategy
-class CstcRuntime(StrategyRuntime[CstcStrategy]):
+class CstcRuntime(ChoosesAPoint, StrategyRuntime[CstcStrategy]):
     kind = "cstc"
-    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         self.points = list(self.spec.points)
@@ -170,7 +169,11 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
     ) -> list[Option[CstcPoint | FixedPoint]]:
         """Every point whose average cost (and root) fits the budget, with its validation
-        accuracy, and every fixed subset whose missing features fit."""
+        accuracy, and every fixed subset whose missing features fit. With a mean budget
+        (:class:`ChoosesAPoint`) ``budget`` is the cap, and a point without capped numbers is
+        listed whatever its average: :meth:`ChoosesAPoint.pick` weighs averages against the
+        mean."""
+        mean = self.mean_budget is not None
         out: list[Option[CstcPoint | FixedPoint]] = []
         for p in self.points:
             if p.capped:
@@ -179,8 +182,8 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
                 at = capped_at(p.capped, budget)
                 if at is not None:
                     out.append(Option(at.mean_cost, at.accuracy, p))
-            elif affordable(self.mean_cost(p, per_feature), budget, budget) and affordable(
-                self._root_cost(p, per_feature), budget, budget
+            elif (mean or affordable(self.mean_cost(p, per_feature), budget, budget)) and (
+                affordable(self._root_cost(p, per_feature), budget, budget)
             ):
                 out.append(Option(self.mean_cost(p, per_feature), p.accuracy, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))
@@ -199,11 +202,8 @@ class CstcRuntime(StrategyRuntime[CstcStrategy]):
     def _choose(
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
     ) -> Option[CstcPoint | FixedPoint]:
-        chosen = pick(
-            self.options(per_feature, budget, in_hand),
-            self.tolerance,
-            self.spec.margin,
-            self.spec.validation_rows,
+        chosen = self.pick(
+            self.options(per_feature, budget, in_hand), self.spec.margin, self.spec.validation_rows
         )
         if chosen is None:
             cheapest = min(self.points, key=lambda p: (self.mean_cost(p, per_feature), -p.accuracy))

@@ -31,7 +31,7 @@ from service.strategies.base import (
     affordable,
     register_strategy,
 )
-from service.strategies.fixed import FixedPoints, Option, capped_at, pick
+from service.strategies.fixed import ChoosesAPoint, FixedPoints, Option, capped_at
 from service.types import FloatVector
 
 
@@ -164,9 +164,8 @@ class DagSession(Session):
 
 
 @register_strategy
-class DagRuntime(StrategyRuntime[DagStrategy]):
+class DagRuntime(ChoosesAPoint, StrategyRuntime[DagStrategy]):
     kind = "dag"
-    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         spec = self.spec
@@ -208,7 +207,9 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
         """Every operating point whose average cost fits ``budget`` (cached sensors cost
         nothing: a point that would buy them is affordable with that much more budget; the
         walk's hard cap still holds the real budget), with its validation accuracy, and every
-        fixed subset whose missing sensors fit."""
+        fixed subset whose missing sensors fit. With a mean budget (:class:`ChoosesAPoint`)
+        ``budget`` is the cap, and a point without capped numbers is listed whatever its
+        average: :meth:`ChoosesAPoint.pick` weighs averages against the mean."""
         free = sum(per_feature[f] for f in in_hand if f in per_feature)
         out: list[Option[_Policy | FixedPoint]] = []
         for p in self.policies:
@@ -218,7 +219,9 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
                 at = capped_at(p.spec.capped, budget + free)
                 if at is not None:
                     out.append(Option(max(at.mean_cost - free, 0.0), at.accuracy, p))
-            elif affordable(p.spec.mean_cost, budget + free, budget):
+            elif self.mean_budget is not None or affordable(
+                p.spec.mean_cost, budget + free, budget
+            ):
                 out.append(Option(max(p.spec.mean_cost - free, 0.0), 1.0 - p.spec.error, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))
         return out
@@ -229,9 +232,8 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
         """The point to serve with ``budget``: the most accurate on the validation rows among
         the operating points and fixed subsets that fit (within ``tolerance`` of it, the
         cheapest); the cheapest operating point when none fits."""
-        chosen = pick(
+        chosen = self.pick(
             self.options(self.costs.at(size), budget, in_hand),
-            self.tolerance,
             self.spec.margin,
             self.spec.validation_rows,
         )
@@ -243,11 +245,8 @@ class DagRuntime(StrategyRuntime[DagStrategy]):
 
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature = self.costs.at(size)
-        chosen = pick(
-            self.options(per_feature, budget, in_hand),
-            self.tolerance,
-            self.spec.margin,
-            self.spec.validation_rows,
+        chosen = self.pick(
+            self.options(per_feature, budget, in_hand), self.spec.margin, self.spec.validation_rows
         )
         if chosen is None:
             return DagSession(self, self.policies[0], per_feature)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from service.bundle import CappedNumbers, FixedPoint
 from service.strategies.base import (
@@ -75,6 +75,88 @@ def pick(
     best = max(rank(o) for o in options)
     near = [o for o in options if rank(o) >= best - tolerance - 1e-12]
     return min(near, key=lambda o: (o.cost, -rank(o), not o.fixed))
+
+
+def pick_mean(
+    options: Sequence[Option[E]],
+    mean: float,
+    draw: float,
+    tolerance: float = 0.0,
+    margin: float = 0.0,
+    rows: int = 0,
+) -> Option[E] | None:
+    """Under a mean budget: the best the options can deliver *on average* at ``mean``, and
+    the option this item gets. Serving option a to a share p of the items and b to the rest
+    averages p·cost(a) + (1 - p)·cost(b) and p·acc(a) + (1 - p)·acc(b), so the best at
+    ``mean`` is the upper concave hull of (cost, accuracy) there (adaptive options ranked
+    ``margin`` standard errors down, as in :func:`pick`): the hull's two vertices around
+    ``mean``, shared so that the average is ``mean``; this item gets the cheaper one when
+    ``draw`` (uniform in [0, 1), from the item) is below its share. A hull vertex that fits
+    ``mean`` alone is served alone, and with a ``tolerance`` the cheapest single option within
+    it of the hull's value. None when no option fits ``mean``."""
+    if not options:
+        return None
+    down = handicap(options, margin, rows)
+
+    def rank(o: Option[E]) -> float:
+        return o.accuracy if o.fixed else o.accuracy - down
+
+    # Pareto frontier by cost, then its upper concave hull.
+    hull: list[Option[E]] = []
+    for o in sorted(options, key=lambda o: (o.cost, -rank(o), not o.fixed)):
+        if hull and rank(o) <= rank(hull[-1]):
+            continue
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]  # b is below the chord a → o: never worth it
+            if (rank(b) - rank(a)) * (o.cost - a.cost) <= (rank(o) - rank(a)) * (b.cost - a.cost):
+                hull.pop()
+            else:
+                break
+        hull.append(o)
+    fits = [o for o in hull if affordable(o.cost, mean, mean)]
+    if not fits:
+        return None
+    low = fits[-1]
+    above = hull[len(fits)] if len(fits) < len(hull) else None
+    if above is None or affordable(above.cost, low.cost, mean):
+        share, value = 1.0, rank(low)
+    else:
+        share = (above.cost - mean) / (above.cost - low.cost)
+        value = share * rank(low) + (1.0 - share) * rank(above)
+    if tolerance > 0:
+        near = [o for o in options if affordable(o.cost, mean, mean)]
+        near = [o for o in near if rank(o) >= value - tolerance - 1e-12]
+        if near:
+            return min(near, key=lambda o: (o.cost, -rank(o), not o.fixed))
+    if above is None or draw < share:
+        return low
+    return above
+
+
+class ChoosesAPoint:
+    """What the tabular adaptive runtimes (DAG, gating, CSTC/CSCC) take per request: a
+    ``tolerance`` and, with ``budget_mode`` "mean", the ``mean_budget`` and the item's
+    ``mean_draw``.
+
+    By default a request's budget is a hard cap on this item's spend, and a point is an
+    option when what it delivers under that cap fits (:func:`pick`). With a mean budget the
+    budget is the average spend the client asks for over its requests (the papers' budget:
+    paper 000's and 001's points are compared at equal *average* cost), and the item may
+    spend up to the hard cap (the request's ``max_cost``, else every sensor): the choice is
+    :func:`pick_mean`'s, the best average the points can deliver at the mean, two of them
+    shared out over the items when that is better than one. So easy items spend less than
+    the budget and hard ones more, which a per-item cap cannot buy."""
+
+    request_options: ClassVar[frozenset[str]] = frozenset({"tolerance", "mean_budget", "mean_draw"})
+    tolerance: float = 0.0
+    mean_budget: float | None = None
+    mean_draw: float = 0.0
+
+    def pick(self, options: Sequence[Option[E]], margin: float, rows: int) -> Option[E] | None:
+        """The option to serve (None: none fits), by the request's budget mode."""
+        if self.mean_budget is None:
+            return pick(options, self.tolerance, margin, rows)
+        return pick_mean(options, self.mean_budget, self.mean_draw, self.tolerance, margin, rows)
 
 
 def capped_at(caps: Sequence[CappedNumbers], budget: float) -> CappedNumbers | None:

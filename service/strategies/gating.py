@@ -41,7 +41,7 @@ from service.strategies.base import (
     pareto,
     register_strategy,
 )
-from service.strategies.fixed import FixedPoints, Option, pick
+from service.strategies.fixed import ChoosesAPoint, FixedPoints, Option
 from service.types import FloatVector
 
 
@@ -208,9 +208,8 @@ class GatingSession(Session):
 
 
 @register_strategy
-class GatingRuntime(StrategyRuntime[GatingStrategy]):
+class GatingRuntime(ChoosesAPoint, StrategyRuntime[GatingStrategy]):
     kind = "gating"
-    request_options = frozenset({"tolerance"})
 
     def setup(self) -> None:
         spec = self.spec
@@ -228,7 +227,9 @@ class GatingRuntime(StrategyRuntime[GatingStrategy]):
         A point delivers its (gated) accuracy only when the budget also covers the high-cost
         model's missing features for the items its gate routes; when it covers g's and f1's
         features only, routed items are answered by f1, so the point is worth its f1's
-        accuracy at the cost of g's and f1's features."""
+        accuracy at the cost of g's and f1's features. (With a mean budget,
+        :class:`ChoosesAPoint`, ``budget`` is the cap and ``pick`` weighs the expected costs
+        against the mean.)"""
         out: list[Option[_Point | FixedPoint]] = []
         for p in self.points:
             first = sum(per_feature[f] for f in p.first if f not in in_hand)
@@ -248,11 +249,8 @@ class GatingRuntime(StrategyRuntime[GatingStrategy]):
         the options, those within ``tolerance`` of the best are equal and the cheapest
         (expected cost) wins; when none is affordable, the cheapest gating point (the session
         then answers with the best model computable from what it could buy)."""
-        chosen = pick(
-            self.options(per_feature, budget, in_hand),
-            self.tolerance,
-            self.spec.margin,
-            self.spec.validation_rows,
+        chosen = self.pick(
+            self.options(per_feature, budget, in_hand), self.spec.margin, self.spec.validation_rows
         )
         if chosen is None:
             cheapest = min(

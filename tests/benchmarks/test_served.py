@@ -68,3 +68,28 @@ def test_the_goal_is_met_within_half_a_point() -> None:
     v = served.verdict(res, [1.0, 2.0])
     assert v["within"] and v["clearly"] == [2.0]
     assert res.points == {} and Counter(res.kinds[4.0]) == {"fixed": 1000}
+
+
+def test_the_best_fixed_mixture_is_the_hull_of_the_fixed_subsets_at_the_mean_budget() -> None:
+    # brute force: every share of every pair whose average cost is the budget
+    fits = [_Fit((), 0.0, 0.5), _Fit(("a",), 1.0, 0.6), _Fit(("a", "b"), 3.0, 0.9)]
+    for budget in (0.5, 1.0, 2.0, 2.5, 3.0, 4.0):
+        lo, hi, p = served.best_mixture(fits, budget)
+        value = p * lo.val_accuracy + (1 - p) * hi.val_accuracy
+        assert p * lo.cost + (1 - p) * hi.cost <= budget + 1e-9
+        best = max(
+            [f.val_accuracy for f in fits if f.cost <= budget]
+            + [
+                q * a.val_accuracy + (1 - q) * b.val_accuracy
+                for a in fits
+                for b in fits
+                if a.cost <= budget < b.cost
+                for q in [(b.cost - budget) / (b.cost - a.cost)]
+            ]
+        )
+        assert value == pytest.approx(best), budget
+    lo, hi, p = served.best_mixture(fits, 2.0)
+    assert (lo.sensors, hi.sensors, p) == ((), ("a", "b"), pytest.approx(1 / 3)), (
+        "the hull skips {a}: the prior and {a,b} mixed beat it at 2"
+    )
+    assert served.best_mixture(fits, 4.0) == (fits[2], fits[2], 1.0), "above every cost: one subset"

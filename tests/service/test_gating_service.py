@@ -473,7 +473,9 @@ def test_a_request_sends_its_own_tolerance_and_bad_ones_are_422(
         assert r.status_code == 422 and says in r.text, r.text
 
 
-def test_a_strategy_without_a_tolerance_refuses_one(tiny_bundle_dir: Path) -> None:
+def test_a_strategy_without_a_tolerance_refuses_one_and_a_mean_budget(
+    tiny_bundle_dir: Path,
+) -> None:
     from tests.conftest import digit_image, png_b64
 
     settings = Settings(models_dir=tiny_bundle_dir.parent)
@@ -484,5 +486,11 @@ def test_a_strategy_without_a_tolerance_refuses_one(tiny_bundle_dir: Path) -> No
         )
         assert r.status_code == 422, r.text
         assert "takes no per-request 'tolerance'" in r.json()["error"]["message"]
+        r = c.post(
+            "/predict",
+            json={"model": "tiny", "item": item, "budget": 5.0, "budget_mode": "mean"},
+        )
+        assert r.status_code == 422, r.text
+        assert "budget_mode 'mean' needs a tabular adaptive strategy" in r.text
         r = c.post("/predict", json={"model": "tiny", "item": item, "budget": 5.0})
         assert r.status_code == 200, r.text

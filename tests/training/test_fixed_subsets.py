@@ -18,7 +18,7 @@ import pytest
 from service.bundle import DagStrategy, FixedPoint
 from service.registry import load_bundle
 from service.strategies.dag import DagRuntime
-from service.strategies.fixed import Option, capped_at, pick
+from service.strategies.fixed import Option, capped_at, handicap, pick, pick_mean
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.dag import DagClassifier
 from training.dag.learners import make_classifier
@@ -202,3 +202,162 @@ def test_a_dag_with_a_tuned_bank_ships_to_other_processes_without_its_executor()
     assert copy.bank.executor.kind == "inline" and bank.executor is executor
     assert executor.progress.calls > 0  # the bank's fits went through this executor
     np.testing.assert_array_equal(copy.predict(x[200:]), model.predict(x[200:]))
+
+
+@pytest.mark.redis
+def test_a_mean_budget_serves_the_best_average_and_keeps_it(
+    built: tuple[Path, DagSpec, np.ndarray, np.ndarray], redis_url: str
+) -> None:
+    """Served over HTTP on the validation rows with every sensor acquired from a real Redis,
+    a mean budget (``budget_mode`` "mean") serves what brute force over the manifest finds
+    best on average at that mean: one point, or two shared out so that their average cost is
+    the budget (every pair tried). The served rows get exactly the validation numbers the
+    choice was made by: one point's average cost and accuracy; a pair's points in shares
+    within binomial noise of the brute force's, spending exactly those shares' average."""
+    from fastapi.testclient import TestClient
+
+    from service.cache import InProcessCache
+    from service.http import create_app
+    from service.settings import Settings
+    from tests.support.sensor_store import SensorStore
+
+    out, spec, x, y = built
+    _, x_val, _, _, y_val, _ = spec.split(x, y)
+    manifest = load_bundle(out, 1 << 20).manifest
+    spec_dag = manifest.strategy("dag")
+    assert isinstance(spec_dag, DagStrategy) and spec_dag.margin == 0.0
+    full = sum(COSTS.values())
+
+    def brute_force(mean: float, cap: float) -> tuple[float, list[tuple[str, float, float, float]]]:
+        """The best validation accuracy on average at ``mean``, and its points: (label,
+        share, accuracy, average cost) each."""
+        options = [
+            (f.model, f.accuracy, sum(COSTS[s] for s in manifest.model(f.model).features))
+            for f in spec_dag.fixed
+            if sum(COSTS[s] for s in manifest.model(f.model).features) <= cap
+        ]
+        for p in spec_dag.policies:
+            at = capped_at(p.capped, cap)
+            if at is not None:
+                options.append(("dag", at.accuracy, at.mean_cost))
+        best: tuple[float, list[tuple[str, float, float, float]]] = (-1.0, [])
+        for label, acc, cost in options:
+            if cost <= mean + 1e-9 and acc > best[0] + 1e-12:
+                best = (acc, [(label, 1.0, acc, cost)])
+        for (la, aa, ca), (lb, ab, cb) in itertools.product(options, options):
+            if ca <= mean < cb:
+                share = (cb - mean) / (cb - ca)
+                value = share * aa + (1 - share) * ab
+                if value > best[0] + 1e-12:
+                    best = (value, [(la, share, aa, ca), (lb, 1 - share, ab, cb)])
+        return best
+
+    store = SensorStore(redis_url, COLUMNS)
+    settings = Settings(models_dir=out.parent, sensor_sources={"trio": {"*": store.source()}})
+    ids = [store.put(row, f"val-{i}") for i, row in enumerate(x_val)]
+    n = len(ids)
+    kinds: set[str] = set()
+    pairs = 0
+    with TestClient(create_app(settings, cache=InProcessCache(1))) as client:
+        for mean, cap in ((1.5, None), (3.5, None), (3.5, 5.0), (5.75, 6.0), (6.75, None)):
+            _, chosen = brute_force(mean, full if cap is None else cap)
+            body: dict[str, object] = {"model": "trio", "budget": mean, "budget_mode": "mean"}
+            if cap is not None:
+                body["max_cost"] = cap
+            rows = []
+            for i in ids:
+                r = client.post("/predict", json={**body, "item": {"id": i}})
+                assert r.status_code == 200, r.text
+                rows.append(r.json())
+            assert {r["cost"]["budget_mode"] for r in rows} == {"mean"}
+            assert {r["cost"]["cap"] for r in rows} == {full if cap is None else cap}
+            assert {r["cost"]["budget"] for r in rows} == {mean}
+            spent = np.asarray([r["cost"]["spent"] for r in rows])
+            assert spent.max() <= (full if cap is None else cap)
+            assert not any(r["deadline_exceeded"] for r in rows)
+            labels = [
+                r["decision"]["point"] if (r["decision"] or {}).get("kind") == "fixed" else "dag"
+                for r in rows
+            ]
+            kinds |= set(labels)
+            right = np.mean([r["prediction"] == t for r, t in zip(rows, y_val, strict=True)])
+            if len(chosen) == 1:  # one point: the served rows are its validation rows
+                (label, _, accuracy, cost) = chosen[0]
+                assert set(labels) == {label}, (mean, cap)
+                assert spent.mean() == pytest.approx(cost, abs=0.02), (mean, cap)
+                assert right == pytest.approx(accuracy, abs=0.01), (mean, cap)
+                continue
+            pairs += 1
+            (la, share, _, ca), (lb, _, _, cb) = chosen
+            assert set(labels) <= {la, lb}, (mean, cap, set(labels), chosen)
+            got = labels.count(la) / n
+            assert abs(got - share) <= 4 * math.sqrt(share * (1 - share) / n) + 1 / n
+            if la != "dag" and lb != "dag":  # fixed subsets: costs exact per row
+                assert spent.mean() == pytest.approx(got * ca + (1 - got) * cb)
+        # a bad mean request is a 422 that says what to send
+        for extra, says in (
+            ({"budget_mode": "mean", "max_cost": 1.0}, "below the budget"),
+            ({"max_cost": 5.0}, "caps an item under budget_mode 'mean'"),
+            ({"budget_mode": "average"}, "budget_mode"),
+        ):
+            body = {"model": "trio", "item": {"id": ids[0]}, "budget": 2.0, **extra}
+            r = client.post("/predict", json=body)
+            assert r.status_code == 422 and says in r.text, r.text
+    assert "dag" in kinds and pairs >= 2, "an adaptive point, and pairs, are served"
+
+
+def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
+    """:func:`pick_mean` against every single option and every pair shared out to the mean,
+    on random option sets (fixed and adaptive, a margin, a tolerance)."""
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        k = int(rng.integers(1, 9))
+        options = [
+            Option(float(c), float(a), i, fixed=bool(f))
+            for i, (c, a, f) in enumerate(
+                zip(
+                    rng.integers(0, 8, k),
+                    rng.uniform(0.3, 0.95, k),
+                    rng.integers(0, 2, k),
+                    strict=True,
+                )
+            )
+        ]
+        margin, rows = (1.0, 500) if trial % 2 else (0.0, 0)
+        down = handicap(options, margin, rows)
+        rank = {o.entry: o.accuracy - (0 if o.fixed else down) for o in options}
+        for mean in (0.0, 0.5, 1.0, 2.5, 4.0, 7.5, 9.0):
+            best, pair = -1.0, None
+            for o in options:
+                if o.cost <= mean and rank[o.entry] > best + 1e-12:
+                    best, pair = rank[o.entry], (o, o, 1.0)
+            for a, b in itertools.product(options, options):
+                if a.cost <= mean < b.cost:
+                    share = (b.cost - mean) / (b.cost - a.cost)
+                    value = share * rank[a.entry] + (1 - share) * rank[b.entry]
+                    if value > best + 1e-12:
+                        best, pair = value, (a, b, share)
+            low = pick_mean(options, mean, 0.0, margin=margin, rows=rows)
+            high = pick_mean(options, mean, 0.999999, margin=margin, rows=rows)
+            if pair is None:
+                assert low is None and high is None
+                continue
+            assert low is not None and high is not None
+            a, b, share = pair
+            # the item drawn low gets the cheaper vertex, the one drawn high the dearer
+            # (one point alone: both); their shared value is the brute force's best
+            if low is high:
+                assert rank[low.entry] == pytest.approx(best), (trial, mean)
+            else:
+                assert low.cost <= mean < high.cost
+                s = (high.cost - mean) / (high.cost - low.cost)
+                value = s * rank[low.entry] + (1 - s) * rank[high.entry]
+                assert value == pytest.approx(best), (trial, mean)
+            # with a tolerance: the cheapest single option within it of the best average,
+            # else the shared pair
+            loose = pick_mean(options, mean, 0.5, tolerance=0.05, margin=margin, rows=rows)
+            near = [o for o in options if o.cost <= mean and rank[o.entry] >= best - 0.05]
+            if near:
+                assert loose is not None and loose.cost == min(o.cost for o in near)
+            else:
+                assert loose in (low, high)
