@@ -7,8 +7,10 @@ subset fitted alone with the DAG's learners."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import pickle
+import shutil
 import threading
 from pathlib import Path
 
@@ -206,7 +208,7 @@ def test_a_dag_with_a_tuned_bank_ships_to_other_processes_without_its_executor()
 
 @pytest.mark.redis
 def test_a_mean_budget_serves_the_best_average_and_keeps_it(
-    built: tuple[Path, DagSpec, np.ndarray, np.ndarray], redis_url: str
+    built: tuple[Path, DagSpec, np.ndarray, np.ndarray], redis_url: str, tmp_path: Path
 ) -> None:
     """Served over HTTP on the validation rows with every sensor acquired from a real Redis,
     a mean budget (``budget_mode`` "mean") serves what brute force over the manifest finds
@@ -304,6 +306,19 @@ def test_a_mean_budget_serves_the_best_average_and_keeps_it(
             r = client.post("/predict", json=body)
             assert r.status_code == 422 and says in r.text, r.text
     assert "dag" in kinds and pairs >= 2, "an adaptive point, and pairs, are served"
+    # the same bundle with costs measured in ms: a budget is a deadline, no average keeps it
+    timed = tmp_path / "trio"
+    shutil.copytree(out, timed)
+    manifest_file = timed / "manifest.json"
+    raw = json.loads(manifest_file.read_text())
+    manifest_file.write_text(json.dumps(raw | {"cost_basis": "measured", "cost_unit": "ms"}))
+    with TestClient(create_app(Settings(models_dir=tmp_path), cache=InProcessCache(1))) as client:
+        item = {"id": "x", "values": {"a": 1.0}}
+        body = {"model": "trio", "item": item, "budget": 2.0, "budget_mode": "mean"}
+        r = client.post("/predict", json=body)
+        assert r.status_code == 422 and "needs declared costs" in r.text, r.text
+        r = client.post("/predict", json=body | {"budget_mode": "cap"})
+        assert r.status_code == 200, r.text
 
 
 def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
