@@ -37,7 +37,7 @@ from service.gate import ThreadGate
 from service.items import DecodedItem
 from service.metrics import Metrics
 from service.registry import Bundle, Registry
-from service.schemas import CostReport, PredictResponse, Timings
+from service.schemas import CostReport, PredictResponse, SharedPoints, Timings
 from service.strategies.base import StrategyRuntime
 from service.types import FloatVector
 
@@ -386,6 +386,11 @@ class PredictHandler:
         )
         if mean:
             response.cost.budget, response.cost.budget_mode, response.cost.cap = budget, "mean", cap
+            shared = getattr(runtime, "shared", None)
+            if shared is not None and shared.high is not None:
+                response.cost.shared = SharedPoints(
+                    share=shared.share, cheaper=shared.low.cost, dearer=shared.high.cost
+                )
         # The answer is made now, on the event loop: under deadline accounting every
         # millisecond since the receipt is spent (the way back from a worker thread too).
         now = time.perf_counter()

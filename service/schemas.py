@@ -11,6 +11,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, PrivateAttr
 
 
+class SharedPoints(BaseModel):
+    """Two points shared out over the items so that their average cost is a mean budget."""
+
+    share: float = Field(description="the share of items given the cheaper point")
+    cheaper: float = Field(description="the cheaper point's average cost, in the cost unit")
+    dearer: float = Field(description="the dearer point's average cost, in the cost unit")
+
+
 class CostReport(BaseModel):
     """What the request cost, all in the bundle's cost unit ``unit`` (``ms`` for bundles
     with measured costs, e.g. ``units`` for tabular bundles with declared sensor costs)."""
@@ -51,6 +59,12 @@ class CostReport(BaseModel):
         default=None,
         description="with budget_mode 'mean': the most this item could spend, in `unit` (the "
         "request's max_cost, else the cost of every sensor)",
+    )
+    shared: SharedPoints | None = Field(
+        default=None,
+        description="with budget_mode 'mean', when the budget is kept by two points shared out "
+        "over the items: which share gets the cheaper one, and their average costs (this item "
+        "got the one whose cost `planned` shows)",
     )
 
 

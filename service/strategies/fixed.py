@@ -77,23 +77,35 @@ def pick(
     return min(near, key=lambda o: (o.cost, -rank(o), not o.fixed))
 
 
-def pick_mean(
+@dataclass(frozen=True, slots=True)
+class Shared(Generic[E]):
+    """What a mean budget buys: ``low`` for a ``share`` of the items and ``high`` for the
+    others (None: ``low`` for all)."""
+
+    low: Option[E]
+    high: Option[E] | None = None
+    share: float = 1.0
+
+    def of(self, draw: float) -> Option[E]:
+        """The option of an item whose draw (uniform in [0, 1)) is ``draw``."""
+        return self.low if self.high is None or draw < self.share else self.high
+
+
+def mean_choice(
     options: Sequence[Option[E]],
     mean: float,
-    draw: float,
     tolerance: float = 0.0,
     margin: float = 0.0,
     rows: int = 0,
-) -> Option[E] | None:
-    """Under a mean budget: the best the options can deliver *on average* at ``mean``, and
-    the option this item gets. Serving option a to a share p of the items and b to the rest
-    averages p·cost(a) + (1 - p)·cost(b) and p·acc(a) + (1 - p)·acc(b), so the best at
-    ``mean`` is the upper concave hull of (cost, accuracy) there (adaptive options ranked
-    ``margin`` standard errors down, as in :func:`pick`): the hull's two vertices around
-    ``mean``, shared so that the average is ``mean``; this item gets the cheaper one when
-    ``draw`` (uniform in [0, 1), from the item) is below its share. A hull vertex that fits
-    ``mean`` alone is served alone, and with a ``tolerance`` the cheapest single option within
-    it of the hull's value. None when no option fits ``mean``."""
+) -> Shared[E] | None:
+    """Under a mean budget: the best the options can deliver *on average* at ``mean``.
+    Serving option a to a share p of the items and b to the rest averages
+    p·cost(a) + (1 - p)·cost(b) and p·acc(a) + (1 - p)·acc(b), so the best at ``mean`` is the
+    upper concave hull of (cost, accuracy) there (adaptive options ranked ``margin`` standard
+    errors down, as in :func:`pick`): the hull's two vertices around ``mean``, shared so that
+    the average is ``mean``. A hull vertex that fits ``mean`` alone is served alone, and with
+    a ``tolerance`` the cheapest single option within it of the hull's value. None when no
+    option fits ``mean``."""
     if not options:
         return None
     down = handicap(options, margin, rows)
@@ -118,19 +130,32 @@ def pick_mean(
         return None
     low = fits[-1]
     above = hull[len(fits)] if len(fits) < len(hull) else None
-    if above is None or affordable(above.cost, low.cost, mean):
-        share, value = 1.0, rank(low)
-    else:
+    chosen: Shared[E] = Shared(low)
+    value = rank(low)
+    if above is not None and not affordable(above.cost, low.cost, mean):
         share = (above.cost - mean) / (above.cost - low.cost)
+        chosen = Shared(low, above, share)
         value = share * rank(low) + (1.0 - share) * rank(above)
     if tolerance > 0:
         near = [o for o in options if affordable(o.cost, mean, mean)]
         near = [o for o in near if rank(o) >= value - tolerance - 1e-12]
         if near:
-            return min(near, key=lambda o: (o.cost, -rank(o), not o.fixed))
-    if above is None or draw < share:
-        return low
-    return above
+            return Shared(min(near, key=lambda o: (o.cost, -rank(o), not o.fixed)))
+    return chosen
+
+
+def pick_mean(
+    options: Sequence[Option[E]],
+    mean: float,
+    draw: float,
+    tolerance: float = 0.0,
+    margin: float = 0.0,
+    rows: int = 0,
+) -> Option[E] | None:
+    """The option of an item whose draw (uniform in [0, 1), fixed by the item) is ``draw``
+    under :func:`mean_choice`: the cheaper of a shared pair when ``draw`` is below its share."""
+    chosen = mean_choice(options, mean, tolerance, margin, rows)
+    return None if chosen is None else chosen.of(draw)
 
 
 class ChoosesAPoint:
@@ -151,12 +176,16 @@ class ChoosesAPoint:
     tolerance: float = 0.0
     mean_budget: float | None = None
     mean_draw: float = 0.0
+    # What the mean budget bought: set by pick on the request's copy (see with_options).
+    shared: Shared[Any] | None = None
 
     def pick(self, options: Sequence[Option[E]], margin: float, rows: int) -> Option[E] | None:
         """The option to serve (None: none fits), by the request's budget mode."""
         if self.mean_budget is None:
             return pick(options, self.tolerance, margin, rows)
-        return pick_mean(options, self.mean_budget, self.mean_draw, self.tolerance, margin, rows)
+        chosen = mean_choice(options, self.mean_budget, self.tolerance, margin, rows)
+        self.shared = chosen
+        return None if chosen is None else chosen.of(self.mean_draw)
 
 
 def capped_at(caps: Sequence[CappedNumbers], budget: float) -> CappedNumbers | None:

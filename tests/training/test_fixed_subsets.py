@@ -283,15 +283,23 @@ def test_a_mean_budget_serves_the_best_average_and_keeps_it(
             ]
             kinds |= set(labels)
             right = np.mean([r["prediction"] == t for r, t in zip(rows, y_val, strict=True)])
+            shared = [r["cost"]["shared"] for r in rows]
             if len(chosen) == 1:  # one point: the served rows are its validation rows
                 (label, _, accuracy, cost) = chosen[0]
                 assert set(labels) == {label}, (mean, cap)
+                assert shared == [None] * n
                 assert spent.mean() == pytest.approx(cost, abs=0.02), (mean, cap)
                 assert right == pytest.approx(accuracy, abs=0.01), (mean, cap)
                 continue
             pairs += 1
             (la, share, _, ca), (lb, _, _, cb) = chosen
             assert set(labels) <= {la, lb}, (mean, cap, set(labels), chosen)
+            # the answer says what was shared out, and which of the two this item got
+            assert all(
+                sh == pytest.approx({"share": share, "cheaper": ca, "dearer": cb}) for sh in shared
+            )
+            for r, label in zip(rows, labels, strict=True):
+                assert r["cost"]["planned"] == pytest.approx(ca if label == la else cb)
             got = labels.count(la) / n
             assert abs(got - share) <= 4 * math.sqrt(share * (1 - share) / n) + 1 / n
             if la != "dag" and lb != "dag":  # fixed subsets: costs exact per row
