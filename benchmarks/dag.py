@@ -1134,7 +1134,7 @@ if __name__ == "__main__":
     )
     args = parser.parse_args()
     if args.served:
-        print(served_main(args.only.split(",") if args.only else SERVED_TASKS, args.out))
+        paths = [served_main(args.only.split(",") if args.only else SERVED_TASKS, args.out)]
     elif args.combine:
         paths = combine(args.combine, args.out)
     else:

@@ -575,8 +575,9 @@ def summary_line(res: Served, intermediate: Sequence[float]) -> str:
         f"within 0.5 point of the best fixed subset at every budget: "
         f"**{'met' if v['within'] else 'missed'}** (worst {100 * wd:+.2f} points at {worst_b:g}, "
         f"95 % CI [{100 * wlo:+.2f}, {100 * whi:+.2f}])",
-        f"strictly better at an intermediate budget: "
-        f"**{'yes' if v['better'] else 'no'}**"
+        "strictly better at an intermediate budget"
+        + (" (a mixture of fixed subsets counts)" if res.mean else "")
+        + f": **{'yes' if v['better'] else 'no'}**"
         + (
             f" (at {', '.join(f'{b:g}' for b in v['better'])}; the interval above 0 at "
             f"{', '.join(f'{b:g}' for b in v['clearly']) or 'none'})"

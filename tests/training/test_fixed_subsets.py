@@ -354,11 +354,13 @@ def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
             for o in options:
                 if o.cost <= mean and rank[o.entry] > best + 1e-12:
                     best, pair = rank[o.entry], (o, o, 1.0)
+            alone = best
             for a, b in itertools.product(options, options):
                 if a.cost <= mean < b.cost:
                     share = (b.cost - mean) / (b.cost - a.cost)
                     value = share * rank[a.entry] + (1 - share) * rank[b.entry]
-                    if value > best + 1e-12:
+                    # a pair must beat the best single option by the margin's noise
+                    if value > best + 1e-12 and value - alone > down + 1e-12:
                         best, pair = value, (a, b, share)
             low = pick_mean(options, mean, 0.0, margin=margin, rows=rows)
             high = pick_mean(options, mean, 0.999999, margin=margin, rows=rows)
