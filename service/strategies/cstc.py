@@ -169,11 +169,9 @@ class CstcRuntime(ChoosesAPoint, StrategyRuntime[CstcStrategy]):
         self, per_feature: Mapping[str, float], budget: float, in_hand: frozenset[str]
     ) -> list[Option[CstcPoint | FixedPoint]]:
         """Every point whose average cost (and root) fits the budget, with its validation
-        accuracy, and every fixed subset whose missing features fit. With a mean budget
-        (:class:`ChoosesAPoint`) ``budget`` is the cap, and a point without capped numbers is
-        listed whatever its average: :meth:`ChoosesAPoint.pick` weighs averages against the
-        mean."""
-        mean = self.mean_budget is not None
+        accuracy, and every fixed subset whose missing features fit. (With a mean budget,
+        :class:`ChoosesAPoint`, ``budget`` is the per-item cap and
+        :meth:`ChoosesAPoint.pick` weighs the averages against the mean.)"""
         out: list[Option[CstcPoint | FixedPoint]] = []
         for p in self.points:
             if p.capped:
@@ -182,8 +180,8 @@ class CstcRuntime(ChoosesAPoint, StrategyRuntime[CstcStrategy]):
                 at = capped_at(p.capped, budget)
                 if at is not None:
                     out.append(Option(at.mean_cost, at.accuracy, p))
-            elif (mean or affordable(self.mean_cost(p, per_feature), budget, budget)) and (
-                affordable(self._root_cost(p, per_feature), budget, budget)
+            elif affordable(self.mean_cost(p, per_feature), budget, budget) and affordable(
+                self._root_cost(p, per_feature), budget, budget
             ):
                 out.append(Option(self.mean_cost(p, per_feature), p.accuracy, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))

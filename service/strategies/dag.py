@@ -207,9 +207,9 @@ class DagRuntime(ChoosesAPoint, StrategyRuntime[DagStrategy]):
         """Every operating point whose average cost fits ``budget`` (cached sensors cost
         nothing: a point that would buy them is affordable with that much more budget; the
         walk's hard cap still holds the real budget), with its validation accuracy, and every
-        fixed subset whose missing sensors fit. With a mean budget (:class:`ChoosesAPoint`)
-        ``budget`` is the cap, and a point without capped numbers is listed whatever its
-        average: :meth:`ChoosesAPoint.pick` weighs averages against the mean."""
+        fixed subset whose missing sensors fit. (With a mean budget, :class:`ChoosesAPoint`,
+        ``budget`` is the per-item cap and :meth:`ChoosesAPoint.pick` weighs the averages
+        against the mean.)"""
         free = sum(per_feature[f] for f in in_hand if f in per_feature)
         out: list[Option[_Policy | FixedPoint]] = []
         for p in self.policies:
@@ -219,9 +219,7 @@ class DagRuntime(ChoosesAPoint, StrategyRuntime[DagStrategy]):
                 at = capped_at(p.spec.capped, budget + free)
                 if at is not None:
                     out.append(Option(max(at.mean_cost - free, 0.0), at.accuracy, p))
-            elif self.mean_budget is not None or affordable(
-                p.spec.mean_cost, budget + free, budget
-            ):
+            elif affordable(p.spec.mean_cost, budget + free, budget):
                 out.append(Option(max(p.spec.mean_cost - free, 0.0), 1.0 - p.spec.error, p))
         out.extend(self.fixed.options(per_feature, budget, in_hand))
         return out

@@ -386,3 +386,44 @@ def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
                 assert loose is not None and loose.cost == min(o.cost for o in near)
             else:
                 assert loose in (low, high)
+
+
+def test_under_a_mean_budget_a_point_is_an_option_only_if_its_average_fits_the_cap(
+    built: tuple[Path, DagSpec, np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    """A DAG policy without capped numbers (the bundle format allows none) whose average
+    cost is above the request's max_cost would have its walks cut: it is no option for
+    either of a pair, as it is none under a cap (a review found it listed)."""
+    out, *_ = built
+    bare = tmp_path / "trio"
+    shutil.copytree(out, bare)
+    manifest_file = bare / "manifest.json"
+    raw = json.loads(manifest_file.read_text())
+    for strategy in raw["strategies"]:
+        for policy in strategy["policies"]:
+            policy["capped"] = []
+    manifest_file.write_text(json.dumps(raw))
+    runtime = load_bundle(bare, 1 << 20).strategy("dag")
+    assert isinstance(runtime, DagRuntime)
+    dearest = max(p.spec.mean_cost for p in runtime.policies)
+    assert 3.0 < dearest < sum(COSTS.values())
+    for mean, cap in ((2.0, 2.5), (5.0, 5.0), (3.0, dearest - 0.1)):
+        view = runtime.with_options(mean_budget=mean)
+        assert isinstance(view, DagRuntime)
+        options = view.options(runtime.costs.at(1), cap, frozenset())
+        assert options and all(o.cost <= cap for o in options), (mean, cap)
+        for draw in (0.0, 0.5, 0.999):
+            drawn = view.with_options(mean_draw=draw)
+            assert isinstance(drawn, DagRuntime)
+            chosen = drawn.choose(cap)
+            cost = (
+                sum(COSTS[f] for f in runtime.model_features[chosen.model])
+                if isinstance(chosen, FixedPoint)
+                else chosen.spec.mean_cost
+            )
+            assert cost <= cap, (mean, cap, draw)
+    # with every sensor as the cap, the dearest policy is a pair's dearer point again
+    view = runtime.with_options(mean_budget=dearest - 0.5)
+    assert isinstance(view, DagRuntime)
+    full = sum(COSTS.values())
+    assert any(o.cost == dearest for o in view.options(runtime.costs.at(1), full, frozenset()))
