@@ -423,7 +423,7 @@ def _collect(
 
 
 def best_mixture(fixed: Sequence[Any], budget: float) -> tuple[Any, Any, float]:
-    """The best fixed pipeline under a mean budget: two fixed subsets served at random to a
+    """The best fixed pipeline under a mean budget: two fixed subsets shared out to a
     share ``p`` and ``1 - p`` of the items, whose average cost fits the budget (the upper
     concave hull of the fixed subsets at the budget), the most accurate on validation. Returns
     (cheaper subset, dearer subset, p); one subset alone is (f, f, 1)."""

@@ -13,6 +13,11 @@ subsets (the best of many adaptive points on validation is optimistic), so it re
 fixed pipeline only when it beats it by more than the noise. A fixed point is served by
 :class:`FixedSession`: acquire the model's missing features (the budget a hard cap), answer
 with the model.
+
+A request may ask for its budget as a mean instead (:class:`ChoosesAPoint`): the options are
+the same (the per-item cap is the request's ``max_cost`` or every sensor), and
+:func:`mean_choice` serves the best average they deliver at the mean, two of them shared out
+over the items when that beats one by more than the margin.
 """
 
 from __future__ import annotations
@@ -154,20 +159,6 @@ def mean_choice(
     return chosen
 
 
-def pick_mean(
-    options: Sequence[Option[E]],
-    mean: float,
-    draw: float,
-    tolerance: float = 0.0,
-    margin: float = 0.0,
-    rows: int = 0,
-) -> Option[E] | None:
-    """The option of an item whose draw (uniform in [0, 1), fixed by the item) is ``draw``
-    under :func:`mean_choice`: the cheaper of a shared pair when ``draw`` is below its share."""
-    chosen = mean_choice(options, mean, tolerance, margin, rows)
-    return None if chosen is None else chosen.of(draw)
-
-
 class ChoosesAPoint:
     """What the tabular adaptive runtimes (DAG, gating, CSTC/CSCC) take per request: a
     ``tolerance`` and, with ``budget_mode`` "mean", the ``mean_budget`` and the item's
@@ -178,9 +169,9 @@ class ChoosesAPoint:
     budget is the average spend the client asks for over its requests (the papers' budget:
     paper 000's and 001's points are compared at equal *average* cost), and the item may
     spend up to the hard cap (the request's ``max_cost``, else every sensor): the choice is
-    :func:`pick_mean`'s, the best average the points can deliver at the mean, two of them
-    shared out over the items when that is better than one. So easy items spend less than
-    the budget and hard ones more, which a per-item cap cannot buy."""
+    :func:`mean_choice`'s, the best average the points can deliver at the mean, two of them
+    shared out over the items (by the item's draw) when that is better than one. So easy
+    items spend less than the budget and hard ones more, which a per-item cap cannot buy."""
 
     request_options: ClassVar[frozenset[str]] = frozenset({"tolerance", "mean_budget", "mean_draw"})
     tolerance: float = 0.0

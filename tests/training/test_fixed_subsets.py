@@ -20,7 +20,7 @@ import pytest
 from service.bundle import DagStrategy, FixedPoint
 from service.registry import load_bundle
 from service.strategies.dag import DagRuntime
-from service.strategies.fixed import Option, capped_at, handicap, pick, pick_mean
+from service.strategies.fixed import Option, capped_at, handicap, mean_choice, pick
 from training.bundles.dag import DagSpec, build_dag_bundle
 from training.dag import DagClassifier
 from training.dag.learners import make_classifier
@@ -330,7 +330,7 @@ def test_a_mean_budget_serves_the_best_average_and_keeps_it(
 
 
 def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
-    """:func:`pick_mean` against every single option and every pair shared out to the mean,
+    """:func:`mean_choice` against every single option and every pair shared out to the mean,
     on random option sets (fixed and adaptive, a margin, a tolerance)."""
     rng = np.random.default_rng(11)
     for trial in range(300):
@@ -362,12 +362,12 @@ def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
                     # a pair must beat the best single option by the margin's noise
                     if value > best + 1e-12 and value - alone > down + 1e-12:
                         best, pair = value, (a, b, share)
-            low = pick_mean(options, mean, 0.0, margin=margin, rows=rows)
-            high = pick_mean(options, mean, 0.999999, margin=margin, rows=rows)
+            shared = mean_choice(options, mean, margin=margin, rows=rows)
             if pair is None:
-                assert low is None and high is None
+                assert shared is None
                 continue
-            assert low is not None and high is not None
+            assert shared is not None
+            low, high = shared.of(0.0), shared.of(0.999999)
             a, b, share = pair
             # the item drawn low gets the cheaper vertex, the one drawn high the dearer
             # (one point alone: both); their shared value is the brute force's best
@@ -380,7 +380,8 @@ def test_the_mean_choice_is_the_best_average_by_brute_force() -> None:
                 assert value == pytest.approx(best), (trial, mean)
             # with a tolerance: the cheapest single option within it of the best average,
             # else the shared pair
-            loose = pick_mean(options, mean, 0.5, tolerance=0.05, margin=margin, rows=rows)
+            loosely = mean_choice(options, mean, tolerance=0.05, margin=margin, rows=rows)
+            loose = None if loosely is None else loosely.of(0.5)
             near = [o for o in options if o.cost <= mean and rank[o.entry] >= best - 0.05]
             if near:
                 assert loose is not None and loose.cost == min(o.cost for o in near)
