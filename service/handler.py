@@ -286,7 +286,7 @@ class PredictHandler:
         cap = float(budget)
         if mean:
             every = sum(bundle.costs.at(decoded.size).values())
-            cap = float(max_cost) if max_cost is not None else max(every, float(budget))
+            cap = float(max_cost) if max_cost is not None else every
             runtime = runtime.with_options(mean_draw=uniform_of(decoded.key))
         nbytes = int(getattr(decoded.data, "nbytes", 0))
 
