@@ -263,14 +263,23 @@ async def predict_batch(
     budget: float | None = None,
     total_budget: float | None = None,
     version: str | None = None,
+    budget_mode: str | None = None,
+    max_cost: float | None = None,
 ) -> BatchOutcome:
     """Answer ``items`` of ``model``: each with ``budget``, or all of them under
     ``total_budget`` (see the module). Items run one after the other; each is an ordinary
     prediction (``PredictHandler.predict``), whose features are written to the cache before
     the next item runs, so an identical item later in the batch gets them free. Every item
-    runs on ``version`` of ``model`` (its newest if None)."""
+    runs on ``version`` of ``model`` (its newest if None). ``budget_mode`` and ``max_cost``
+    go with ``budget``: each item's, as for one request (a mean budget then holds on average
+    over the items)."""
     if (budget is None) == (total_budget is None):
         raise InvalidRequest("send exactly one of 'budget' (each item's) and 'total_budget'")
+    if total_budget is not None and (budget_mode is not None or max_cost is not None):
+        raise InvalidRequest(
+            "'budget_mode' and 'max_cost' go with 'budget' (each item's); a 'total_budget' is "
+            "already shared over the batch's items: send one of them"
+        )
     if not items:
         raise InvalidRequest("'items' is empty; send at least one item")
     if len(items) > MAX_BATCH_ITEMS:
@@ -294,6 +303,8 @@ async def predict_batch(
             strategy,
             version=version,
             accounting="work",
+            budget_mode=budget_mode,
+            max_cost=max_cost,
         )
         await handler.write_back(item_writes)
         responses[i] = response

@@ -96,6 +96,8 @@ async def answer(
                 budget=body.budget,
                 total_budget=body.total_budget,
                 version=body.version,
+                budget_mode=body.budget_mode,
+                max_cost=body.max_cost,
             )
         metrics.child(metrics.requests, model=label, status="ok").inc()
         first = outcome.responses[0]

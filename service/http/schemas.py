@@ -187,6 +187,18 @@ class BatchPredictRequest(BaseModel):
         description="one budget for the whole batch, planned across its items: spent where "
         "the expected accuracy gained per cost is highest (or send budget)",
     )
+    budget_mode: Literal["cap", "mean"] | None = Field(
+        default=None,
+        description="with budget: each item's budget_mode, as for one request ('mean': the "
+        "budget an average over the items and the client's other requests)",
+    )
+    max_cost: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="with budget and budget_mode 'mean': the most each item may spend",
+    )
     strategy: str | None = Field(
         default=None,
         min_length=1,

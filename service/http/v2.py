@@ -8,7 +8,8 @@ table):
 * **Budget and strategy**: request ``parameters``: ``budget`` (each item's) or
   ``total_budget`` (the batch's, planned across its items as ``POST /predict`` does), in the
   model's cost unit, ``strategy`` (optional) and ``accounting`` (optional, ``deadline`` or
-  ``work``, as in ``POST /predict``; a single item's deadline counts from the receipt).
+  ``work``, as in ``POST /predict``; a single item's deadline counts from the receipt);
+  with ``budget``, ``budget_mode`` and ``max_cost`` (each item's, as in ``POST /predict``).
 * **Items**: the first dimension of the inputs is the batch. Image models take ``IMAGE`` as
   ``BYTES`` ``[B]`` (each element a PNG: base64 text in JSON, raw bytes as binary data) or as
   ``FP32``/``FP64`` ``[B, H, W]`` / ``[H, W]`` gray levels in [0, 1] (``UINT8``: 0..255),
@@ -553,6 +554,10 @@ async def run_infer(
     accounting = params.get("accounting")
     if accounting is not None and not isinstance(accounting, str):
         raise ProtocolError(f"parameters.accounting must be a string, got {accounting!r}")
+    budget_mode = params.get("budget_mode")
+    if budget_mode is not None and not isinstance(budget_mode, str):
+        raise ProtocolError(f"parameters.budget_mode must be a string, got {budget_mode!r}")
+    max_cost = _number(params, "max_cost")
     summary.update(strategy=strategy, budget=budget, total_budget=total)
     wanted = _requested(req)
     items = to_items(bundle, req.inputs, binary)
@@ -565,6 +570,8 @@ async def run_infer(
             strategy,
             version=version,
             accounting=accounting,
+            budget_mode=budget_mode,
+            max_cost=max_cost,
             received=received,
         )
         await handler.write_back(writes)
@@ -585,6 +592,8 @@ async def run_infer(
             budget=budget,
             total_budget=total,
             version=version,
+            budget_mode=budget_mode,
+            max_cost=max_cost,
         )
         results = outcome.responses
         summary["items"] = len(results)

@@ -191,6 +191,41 @@ def test_values_with_named_columns_over_plain_json(server: str) -> None:
     assert all("r" in x["cost"]["given"] for x in reports)
 
 
+def test_a_mean_budget_over_the_protocol(server: str) -> None:
+    """parameters.budget_mode and parameters.max_cost reach each item as in POST /predict
+    (one item, or a batch of them); with a total_budget they are refused."""
+    body: dict[str, Any] = {
+        "inputs": [
+            {
+                "name": "VALUES",
+                "shape": [2, 2],
+                "datatype": "FP64",
+                "parameters": {"columns": "r, b1"},
+                "data": [[-0.5, 1.5], [0.7, 0.0]],
+            }
+        ],
+        "parameters": {"budget": 3.0, "budget_mode": "mean", "max_cost": 5.0},
+        "outputs": [{"name": "RESPONSE"}],
+    }
+    for rows in (2, 1):
+        body["inputs"][0]["shape"] = [rows, 2]
+        body["inputs"][0]["data"] = body["inputs"][0]["data"][:rows]
+        r = httpx.post(f"http://{server}/v2/models/router/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        reports = [json.loads(x) for x in r.json()["outputs"][0]["data"]]
+        assert len(reports) == rows
+        for report in reports:
+            cost = report["cost"]
+            assert (cost["budget_mode"], cost["budget"], cost["cap"]) == ("mean", 3.0, 5.0)
+            assert cost["spent"] <= 5.0
+    body["parameters"] = {"total_budget": 6.0, "budget_mode": "mean"}
+    r = httpx.post(f"http://{server}/v2/models/router/infer", json=body, timeout=60)
+    assert r.status_code in (400, 422) and "go with 'budget'" in r.text, r.text
+    body["parameters"] = {"budget": 3.0, "budget_mode": 1}
+    r = httpx.post(f"http://{server}/v2/models/router/infer", json=body, timeout=60)
+    assert r.status_code == 400 and "budget_mode must be a string" in r.text, r.text
+
+
 @pytest.mark.parametrize(
     ("model", "inputs", "parameters", "status", "mentions"),
     [

@@ -304,6 +304,27 @@ def test_a_mean_budget_serves_the_best_average_and_keeps_it(
             assert abs(got - share) <= 4 * math.sqrt(share * (1 - share) / n) + 1 / n
             if la != "dag" and lb != "dag":  # fixed subsets: costs exact per row
                 assert spent.mean() == pytest.approx(got * ca + (1 - got) * cb)
+        # a batch with a mean budget: each item gets what it gets alone (the same draw)
+        mean, body = 3.5, {"model": "trio", "budget": 3.5, "budget_mode": "mean"}
+        alone = [
+            client.post("/predict", json={**body, "item": {"id": i}}).json()["cost"]["planned"]
+            for i in ids[:40]
+        ]
+        r = client.post("/predict", json={**body, "items": [{"id": i} for i in ids[:40]]})
+        assert r.status_code == 200, r.text
+        batch = r.json()["results"]
+        assert [x["cost"]["planned"] for x in batch] == pytest.approx(alone)
+        assert {x["cost"]["budget_mode"] for x in batch} == {"mean"}
+        r = client.post(
+            "/predict",
+            json={
+                "model": "trio",
+                "items": [{"id": ids[0]}],
+                "total_budget": 3.0,
+                "budget_mode": "mean",
+            },
+        )
+        assert r.status_code == 422 and "go with 'budget'" in r.text, r.text
         # a bad mean request is a 422 that says what to send
         for extra, says in (
             ({"budget_mode": "mean", "max_cost": 1.0}, "below the budget"),
