@@ -170,20 +170,25 @@ def test_tabular_inputs_per_column_and_as_values(
     assert sorted(report["cost"]["given"]) == ["a", "b", "r"] and report["cost"]["spent"] == 0.0
 
 
-def test_values_with_named_columns_over_plain_json(server: str) -> None:
-    body = {
+def _named_columns(parameters: dict[str, Any], rows: int = 2) -> dict[str, Any]:
+    """A JSON infer body: ``rows`` items of columns r and b1 of the router bundle."""
+    return {
         "inputs": [
             {
                 "name": "VALUES",
-                "shape": [2, 2],
+                "shape": [rows, 2],
                 "datatype": "FP64",
                 "parameters": {"columns": "r, b1"},
-                "data": [[-0.5, 1.5], [0.7, 0.0]],
+                "data": [[-0.5, 1.5], [0.7, 0.0]][:rows],
             }
         ],
-        "parameters": {"total_budget": 12.0},
+        "parameters": parameters,
         "outputs": [{"name": "RESPONSE"}],
     }
+
+
+def test_values_with_named_columns_over_plain_json(server: str) -> None:
+    body = _named_columns({"total_budget": 12.0})
     r = httpx.post(f"http://{server}/v2/models/router/infer", json=body, timeout=60)
     assert r.status_code == 200, r.text
     reports = [json.loads(x) for x in r.json()["outputs"][0]["data"]]
@@ -194,22 +199,9 @@ def test_values_with_named_columns_over_plain_json(server: str) -> None:
 def test_a_mean_budget_over_the_protocol(server: str) -> None:
     """parameters.budget_mode and parameters.max_cost reach each item as in POST /predict
     (one item, or a batch of them); with a total_budget they are refused."""
-    body: dict[str, Any] = {
-        "inputs": [
-            {
-                "name": "VALUES",
-                "shape": [2, 2],
-                "datatype": "FP64",
-                "parameters": {"columns": "r, b1"},
-                "data": [[-0.5, 1.5], [0.7, 0.0]],
-            }
-        ],
-        "parameters": {"budget": 3.0, "budget_mode": "mean", "max_cost": 5.0},
-        "outputs": [{"name": "RESPONSE"}],
-    }
+    mean = {"budget": 3.0, "budget_mode": "mean", "max_cost": 5.0}
     for rows in (2, 1):
-        body["inputs"][0]["shape"] = [rows, 2]
-        body["inputs"][0]["data"] = body["inputs"][0]["data"][:rows]
+        body = _named_columns(mean, rows)
         r = httpx.post(f"http://{server}/v2/models/router/infer", json=body, timeout=60)
         assert r.status_code == 200, r.text
         reports = [json.loads(x) for x in r.json()["outputs"][0]["data"]]
