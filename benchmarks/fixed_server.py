@@ -21,12 +21,9 @@ exported model serves on held-out digits per side (:func:`calibration_table`).
 ``fixed_server.png``; ``python -m benchmarks.fixed_server --serve MODEL_ID --port N`` runs
 one fixed server (what the benchmark starts).
 
-Why one module over 450 lines: the fixed servers, the interleaved client schedule and the
-report are one experiment whose parts share its request and result types; split, each part
-would import the others.
-
-It stays one module (over 450 lines): the fixed-server app, the interleaved load, the
-intervals and the report are one experiment whose parts only make sense together.
+The module stays whole (over 450 lines): the fixed servers, the interleaved client schedule
+and the report are one experiment whose parts share its request and result types; split,
+each part would import the others.
 """
 
 from __future__ import annotations

@@ -12,12 +12,9 @@ paired bootstrap intervals), with the fraction of items routed to f0 on both.
 ``python -m benchmarks.gating [--datasets letter-binary,miniboone,letter-26]`` writes
 docs/benchmarks/gating.md and one PNG per data set.
 
-Why one module over 450 lines: the data sets, the reference models, the choice on validation and
-the report with its tables are one experiment over shared result types; the report reads every
-field the run fills.
-
-It stays one module (over 450 lines): the datasets, the sweeps, the Pareto choice on
-validation and the report with its intervals are one experiment, read top to bottom.
+The module stays whole (over 450 lines): the data sets, the sweeps, the choice on validation
+and the report with its tables are one experiment over shared result types, read top to
+bottom; the report reads every field the run fills.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ template for every word (all ψ^POS, all ψ^Full) without the filter, in the sam
 ``docs/benchmarks/parsing.md`` and ``docs/benchmarks/parsing.png`` (the whole EWT test set
 by default).
 
-It stays one module (over 450 lines): building the two bundles, the interleaved timing of
+The module stays whole (over 450 lines): building the two bundles, the interleaved timing of
 every point and the report's goals are one experiment; the method lives in training/parsing/.
 """
 
