@@ -32,6 +32,30 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
+#: How a request's budget binds (single requests, and each item of a batch with ``budget``).
+BudgetMode = Annotated[
+    Literal["cap", "mean"] | None,
+    Field(
+        description="'cap' (the default): the budget caps each item's spend. 'mean' (tabular "
+        "adaptive strategies with declared costs): the budget is the average spend wanted "
+        "over the client's requests; the service serves the best average the bundle's points "
+        "deliver there on validation (one point, or two shared out over the items), so an "
+        "easy item may spend less and a hard one more, up to `max_cost`. In a batch, only "
+        "with `budget`"
+    ),
+]
+MaxCost = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        allow_inf_nan=False,
+        strict=True,
+        description="with budget_mode 'mean': the most each item may spend (at least the "
+        "budget). Absent: no cap but the cost of every sensor",
+    ),
+]
+
+
 class PredictRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -95,22 +119,8 @@ class PredictRequest(BaseModel):
         "point whose validation accuracy is within this much of the best the budget affords "
         "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422)",
     )
-    budget_mode: Literal["cap", "mean"] | None = Field(
-        default=None,
-        description="'cap' (the default): the budget caps this item's spend. 'mean' (tabular "
-        "adaptive strategies with declared costs): the budget is the average spend wanted "
-        "over the client's requests; the service serves the best average the bundle's points "
-        "deliver there on validation (one point, or two shared out over the items), so an "
-        "easy item may spend less and a hard one more, up to `max_cost`",
-    )
-    max_cost: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        strict=True,
-        description="with budget_mode 'mean': the most this item may spend (at least the "
-        "budget). Absent: no cap but the cost of every sensor",
-    )
+    budget_mode: BudgetMode = None
+    max_cost: MaxCost = None
 
 
 class ErrorBody(BaseModel):
@@ -187,18 +197,8 @@ class BatchPredictRequest(BaseModel):
         description="one budget for the whole batch, planned across its items: spent where "
         "the expected accuracy gained per cost is highest (or send budget)",
     )
-    budget_mode: Literal["cap", "mean"] | None = Field(
-        default=None,
-        description="with budget: each item's budget_mode, as for one request ('mean': the "
-        "budget an average over the items and the client's other requests)",
-    )
-    max_cost: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        strict=True,
-        description="with budget and budget_mode 'mean': the most each item may spend",
-    )
+    budget_mode: BudgetMode = None
+    max_cost: MaxCost = None
     strategy: str | None = Field(
         default=None,
         min_length=1,
