@@ -199,21 +199,26 @@ def digits_bundle(digits_bundle_dir: Path) -> Bundle:
     return load_bundle(digits_bundle_dir, 1 << 20)
 
 
+def one_thread(bundle: Bundle, inline_ms: float, accounting: str) -> PredictHandler:
+    """A handler with one extraction thread and no reserve."""
+    return PredictHandler(
+        Registry(bundles={bundle.name: bundle}),
+        InProcessCache(1 << 20),
+        Metrics(),
+        reserve_ms=0.0,
+        threads=1,
+        inline_ms=inline_ms,
+        default_accounting=accounting,
+    )
+
+
 def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bundle) -> None:
     """Every thread busy: a request whose whole plan fits in ``inline_ms`` still buys its
     features, on the event loop; a bigger one waits for the thread, gives up and runs a plan
     of at most ``inline_ms`` there; without inline plans it answers from the prior."""
 
     def handler(inline_ms: float) -> PredictHandler:
-        return PredictHandler(
-            Registry(bundles={digits_bundle.name: digits_bundle}),
-            InProcessCache(1 << 20),
-            Metrics(),
-            reserve_ms=0.0,
-            threads=1,
-            inline_ms=inline_ms,
-            default_accounting="work",
-        )
+        return one_thread(digits_bundle, inline_ms, "work")
 
     async def ask(h: PredictHandler, tag: str) -> Any:
         assert h.gate.try_acquire()  # the one thread is busy
@@ -234,6 +239,35 @@ def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bund
     waited = anyio.run(ask, threaded, "threaded")
     assert waited.cost.extracted == [] and waited.answered_by == "prior"
     assert threaded.metrics.admission.labels(result="wait_expired")._value.get() == 1
+
+
+def test_a_deadline_waiter_gives_up_while_a_plan_on_the_loop_still_fits(
+    digits_bundle: Bundle,
+) -> None:
+    """Deadline accounting, the one thread busy: a request waits for it only while what
+    would be left of its budget still pays for a plan of ``inline_ms`` on the event loop,
+    then runs that plan there. (Before, it waited until only the cheapest feature's cost was
+    left, ~40 ms of these 40, and then answered from the prior whenever the loop resumed it
+    a little late.)"""
+    handler = one_thread(digits_bundle, 10.0, "deadline")
+
+    async def ask() -> Any:
+        assert handler.gate.try_acquire()  # the one thread is busy, and stays so
+        try:
+            item = {"png_base64": PNG, "id": "waits"}
+            response, _ = await handler.predict("digits", item, None, 40.0)
+        finally:
+            handler.gate.release()
+        return response
+
+    response = anyio.run(ask)
+    queued = response.timings_ms.queued
+    # It waited until ~10 ms were left (30 ms less decoding and the cache read; a loaded
+    # machine's timer may fire late), not until 40 less the cheapest feature's cost.
+    assert 20.0 <= queued <= 35.0, response.timings_ms
+    assert response.cost.extracted and response.answered_by != "prior", response.cost
+    assert response.cost.planned <= 10.0 + 1e-9, response.cost
+    assert handler.metrics.admission.labels(result="wait_expired")._value.get() == 1
 
 
 def test_workers_and_threads_follow_the_cpus_a_container_may_use(
