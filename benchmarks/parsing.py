@@ -46,6 +46,7 @@ FILTERED = Path("models/ewt-parser-filtered")
 EWT = Path("../shared/datasets/ud-english-ewt")
 ANYTIME_FRACTIONS = (0.25, 1.0, 1.5)
 FILTER = " +filter"
+TAGGED = " +tagger"  # predicted tags: tokens sent without upos, tagged by the bundle
 MAX_DEPTH = 7
 
 
@@ -61,6 +62,7 @@ class Run:
     over: int = 0
     beyond_bound: int = 0
     overrun_ms: list[float] = field(default_factory=list)
+    tag_ms: list[float] = field(default_factory=list)  # TAGGED rows: tagging (in ``ms``)
     depth_full: list[int] = field(default_factory=list)
     depth_pos: list[int] = field(default_factory=list)
     dev_uas: float | None = None
@@ -122,17 +124,27 @@ def parse_one(
     gold: np.ndarray,
     run: Run,
     budget: float = 10_000.0,
+    *,
+    tagged: bool = False,
 ) -> float:
     """Parse one sentence into ``run``'s tallies; returns the measured (wall) spent ms. An
     overrun (spent > budget) is checked against the session's bound: the misprediction of
-    its last acquisition plus that of its decode (measured less predicted, each ≥ 0)."""
-    decoded = bundle.decoder.decode(item)  # not timed: I/O
+    its last acquisition plus that of its decode (measured less predicted, each ≥ 0).
+    ``tagged``: the item's tokens have no tags and decoding tags them (the bundle's tagger):
+    that decode is timed and counted with the parse, in wall and CPU time."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    decoded = bundle.decoder.decode(item)  # not timed unless it tags: I/O
+    tag_ms, tag_cpu = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
+    if tagged:
+        run.tag_ms.append(tag_ms)
+    else:
+        tag_ms = tag_cpu = 0.0
     c0 = time.thread_time()
     result = execute(bundle, decoded, budget, {}, time.perf_counter(), runtime=runtime)
-    run.cpu.append((time.thread_time() - c0) * 1000.0)
+    run.cpu.append((time.thread_time() - c0) * 1000.0 + tag_cpu)
     assert result.report is not None
     heads = result.report["heads"]
-    run.ms.append(result.spent)
+    run.ms.append(result.spent + tag_ms)
     if result.spent > budget:
         run.over += 1
         n = len(heads)
@@ -161,7 +173,14 @@ def single(bundle: Bundle, spec: ParserStrategy, point: ParserPoint) -> Strategy
     return runtime
 
 
-def _ensure(bundle: Path, data_dir: Path, *, weights: Path | None, length_filter: bool) -> bool:
+def _ensure(
+    bundle: Path,
+    data_dir: Path,
+    *,
+    weights: Path | None,
+    length_filter: bool,
+    tagger_weights: Path | None = None,
+) -> bool:
     """Build ``bundle`` when missing (like the OCR and CSTC-digits benchmarks, so ``make
     bench`` runs on a fresh checkout); False without the treebank."""
     if (bundle / "manifest.json").is_file():
@@ -173,7 +192,11 @@ def _ensure(bundle: Path, data_dir: Path, *, weights: Path | None, length_filter
 
     print(f"no parser bundle at {bundle}: building it (budgetserve-train parser)")
     config = ParserBuildConfig(
-        name=bundle.name, data_dir=data_dir, weights=weights, length_filter=length_filter
+        name=bundle.name,
+        data_dir=data_dir,
+        weights=weights,
+        length_filter=length_filter,
+        tagger_weights=tagger_weights,
     )
     build_parser_bundle(bundle, config)
     return True
@@ -191,6 +214,12 @@ KEEP_FILTERED: dict[str, set[str] | None] = {
     "oneshot": {"traj-cw16", "traj-cw64"},
     "uniform-word": {"uniform-word-p1"},
 }
+# With predicted tags (the bundle's tagger): the baselines and the points chosen on dev.
+KEEP_TAGGED: dict[str, set[str] | None] = {
+    "oneshot": {"traj-cw64"},
+    "oneshot-parsimonious": {"pars-cw16"},
+    "uniform-word": {"uniform-word-p0", "uniform-word-p1"},
+}
 
 
 def _fixed(
@@ -202,7 +231,9 @@ def _fixed(
         spec = specs[name]
         for point in spec.points:
             if wanted is None or point.id in wanted:
-                run = Run(name + tag, point.id, dev_uas=point.uas, dev_share=point.full_fraction)
+                # The dev numbers are with gold tags: not shown (nor chosen by) for TAGGED.
+                dev = (None, None) if tag == TAGGED else (point.uas, point.full_fraction)
+                run = Run(name + tag, point.id, dev_uas=dev[0], dev_share=dev[1])
                 out.append((run, single(bundle, spec, point)))
     return out
 
@@ -237,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.data_dir,
         weights=args.bundle / "weights.npy",
         length_filter=True,
+        tagger_weights=args.bundle / "tagger.npy"
+        if (args.bundle / "tagger.npy").is_file()
+        else None,
     )
     t_start = time.perf_counter()
     bundle = load_bundle(args.bundle, 1 << 22, CalibrationSettings(enabled=False))
@@ -247,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     fixed = [(r, rt, bundle) for r, rt in _fixed(bundle, KEEP, "")] + [
         (r, rt, filtered) for r, rt in _fixed(filtered, KEEP_FILTERED, FILTER)
     ]
+    if bundle.manifest.item.tagger is not None:
+        fixed += [(r, rt, bundle) for r, rt in _fixed(bundle, KEEP_TAGGED, TAGGED)]
     runs_fixed = [r for r, _, _ in fixed]
     # The anytime rows run on their own bundle instances (with --calibration, the service's
     # live calibration corrects their curves to this machine's wall times; off by default: a
@@ -259,16 +295,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     # Warm-up (first-call costs, allocator growth): not measured.
     for item, gold in data[:20]:
-        for _, runtime, b in fixed:
-            parse_one(b, runtime, item, gold, Run("warm-up", "-"))
+        for run, runtime, b in fixed:
+            raw = untagged(item) if run.policy.endswith(TAGGED) else item
+            parse_one(b, runtime, raw, gold, Run("warm-up", "-"))
     # Interleaved: every sentence goes through every point (in a rotating order) before the
     # next, so the machine's changing load falls on all points alike.
     all_pos = _find(runs_fixed, "uniform-word", "uniform-word-p0")
     all_full = _find(runs_fixed, "uniform-word", "uniform-word-p1")
     for k, (item, gold) in enumerate(data):
         shift = k % len(fixed)
+        raw = untagged(item)
         for run, runtime, b in fixed[shift:] + fixed[:shift]:
-            parse_one(b, runtime, item, gold, run)
+            if run.policy.endswith(TAGGED):
+                parse_one(b, runtime, raw, gold, run, tagged=True)
+            else:
+                parse_one(b, runtime, item, gold, run)
         budgets = [anytime_budget(all_pos.ms[-1], all_full.ms[-1], a[3]) for a in anytime]
         shift = k % len(anytime)
         for j in list(range(len(anytime)))[shift:] + list(range(len(anytime)))[:shift]:
@@ -301,7 +342,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs,
         (scope, len(data), sum(len(i["tokens"]) for i, _ in data), test.fingerprint),
         elapsed,
+        tag_accuracy(bundle, data),
     )
+
+
+def tag_accuracy(bundle: Bundle, data: list[tuple[dict[str, Any], np.ndarray]]) -> float:
+    """The bundle's tagger's accuracy on the measured test words (nan without a tagger)."""
+    tagger = getattr(bundle.decoder, "tagger", None)
+    if tagger is None:
+        return float("nan")
+    right = total = 0
+    for item, _ in data:
+        forms = [t["form"] for t in item["tokens"]]
+        gold = [t["upos"] for t in item["tokens"]]
+        right += sum(p == g for p, g in zip(tagger.tag(forms), gold, strict=True))
+        total += len(gold)
+    return right / max(total, 1)
+
+
+def untagged(item: dict[str, Any]) -> dict[str, Any]:
+    """The item as a user with raw tokenised text sends it: forms only."""
+    return {"tokens": [{"form": t["form"]} for t in item["tokens"]]}
 
 
 def _find(runs: list[Run], policy: str, point: str) -> Run:
@@ -314,6 +375,7 @@ def write_report(
     runs: list[Run],
     measured: tuple[str, int, int, str],
     elapsed: float,
+    test_tags: float,
 ) -> None:
     scope, sentences, words, fingerprint = measured
     import matplotlib
@@ -345,7 +407,7 @@ def write_report(
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     for policy in dict.fromkeys(r.policy for r in runs):
         pts = sorted((r.mean_ms, r.uas) for r in runs if r.policy == policy)
-        style = "--" if policy.endswith(FILTER) else "-"
+        style = "--" if policy.endswith(FILTER) else ":" if policy.endswith(TAGGED) else "-"
         left.plot([p[0] for p in pts], [100 * p[1] for p in pts], style, marker="o", label=policy)
     left.set_xlabel("mean time per sentence (ms of wall time, what the service charges)")
     left.set_ylabel("UAS (%)")
@@ -455,8 +517,44 @@ def write_report(
         worst_overrun=f"{max((max(r.overrun_ms, default=0.0) for r in any_runs), default=0.0):.2f}",
         arcs_pruned=f"{stats.get('arcs_pruned', float('nan')):.3f}",
     )
+    lines += _tagged_goal(bundle, runs, chosen, data_words=words, test_tags=test_tags)
     (args.out / "parsing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out / 'parsing.md'} ({elapsed:.0f} s)")
+
+
+def _tagged_goal(
+    bundle: Bundle, runs: list[Run], chosen: Run | None, *, data_words: int, test_tags: float
+) -> list[str]:
+    """The bullet on predicted tags (the bundle's tagger), or why there is none."""
+    tagger = bundle.manifest.item.tagger
+    tagged = {r.point: r for r in runs if r.policy.endswith(TAGGED)}
+    if tagger is None or not tagged:
+        return ["* Predicted tags: this bundle has no tagger (built with --no-tagger)."]
+    pos, full = tagged["uniform-word-p0"], tagged["uniform-word-p1"]
+    gold_full = _find(runs, "uniform-word", "uniform-word-p1")
+    point = tagged.get(chosen.point) if chosen is not None else None
+    at = (
+        f"the point chosen on dev with gold tags ({point.policy} {point.point}): "
+        f"{100 * point.uas:.2f} % at {point.mean_ms:.2f} ms, "
+        f"{full.mean_ms / point.mean_ms:.2f}× against all ψ^Full with predicted tags "
+        f"({100 * (full.uas - point.uas):.2f} points below it)"
+        if point is not None
+        else "the point chosen on dev was not measured with predicted tags"
+    )
+    return prose(
+        "parsing",
+        "tagged",
+        tag_acc=f"{100 * test_tags:.2f}",
+        words=data_words,
+        tag_dev=f"{100 * (tagger.accuracy or float('nan')):.2f}",
+        tag_ms=f"{float(np.mean(pos.tag_ms + full.tag_ms)):.2f}",
+        pos_uas=f"{100 * pos.uas:.2f}",
+        pos_ms=f"{pos.mean_ms:.2f}",
+        full_uas=f"{100 * full.uas:.2f}",
+        full_ms=f"{full.mean_ms:.2f}",
+        chosen=at,
+        loss=f"{100 * (gold_full.uas - full.uas):.2f}",
+    )
 
 
 def _poly(coefficients: list[float]) -> str:

@@ -1025,6 +1025,19 @@ AnyStrategy = (
 )
 
 
+class TaggerSpec(_Strict):
+    """A tokens bundle's part-of-speech tagger (``service.extractors.tagging``): tokens sent
+    without ``upos`` are tagged by it while the item is decoded."""
+
+    file: BundleFile = Field(
+        description="float32 .npy of the tagger's hashed weights, (buckets, 17): one column "
+        "per universal POS tag, buckets a power of two"
+    )
+    accuracy: float | None = Field(
+        default=None, ge=0, le=1, description="its tag accuracy on held-out sentences"
+    )
+
+
 class ItemSpec(_Strict):
     """What ``POST /predict`` accepts as ``item`` for this bundle.
 
@@ -1035,8 +1048,9 @@ class ItemSpec(_Strict):
     client has; the other sensors are acquired by ``id`` or named as missing), size = 1.
     ``letters``: ``{"id"?, "letters": [16 x 8 0/1 rows, or a base64 PNG, per letter]}``,
     size = the number of letters (at most ``max_letters``).
-    ``tokens``: ``{"id"?, "tokens": [{"form": str, "upos": str}, ...]}``, a sentence for a
-    parser, size = number of tokens (at most ``max_tokens``).
+    ``tokens``: ``{"id"?, "tokens": [{"form": str, "upos"?: str}, ...]}``, a sentence for a
+    parser, size = number of tokens (at most ``max_tokens``); a token without ``upos`` is
+    tagged by the bundle's ``tagger`` (without one: every token needs its tag).
     """
 
     kind: Literal["image", "tabular", "letters", "tokens"] = "image"
@@ -1055,11 +1069,16 @@ class ItemSpec(_Strict):
     max_tokens: int = Field(
         default=120, ge=1, description="tokens: the longest sentence accepted (413 beyond)"
     )
+    tagger: TaggerSpec | None = Field(
+        default=None, description="tokens: tags the tokens sent without `upos` (None: all need it)"
+    )
 
     @model_validator(mode="after")
     def _columns(self) -> ItemSpec:
         if self.kind == "tabular" and not self.columns:
             raise ValueError("a tabular item spec needs its columns")
+        if self.tagger is not None and self.kind != "tokens":
+            raise ValueError(f"only a tokens item spec can have a tagger, not {self.kind!r}")
         return self
 
 

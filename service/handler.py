@@ -391,6 +391,9 @@ class PredictHandler:
         response = self._response(
             bundle, runtime.name, cap, run, sorted(cached), sorted(given), queued_s
         )
+        if bundle.manifest.task == "parsing" and response.decision is not None:
+            # The tags the tree was parsed with: as sent, or as the bundle's tagger predicted.
+            response.decision["upos"] = list(decoded.data.upos)
         if mean:
             response.cost.budget, response.cost.budget_mode, response.cost.cap = budget, "mean", cap
             shared = getattr(runtime, "shared", None)

@@ -26,7 +26,7 @@ import functools
 import io
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,9 @@ from service.bundle import ItemSpec
 from service.decoded import DecodedItem, ItemDecoder, content_key, describe_errors
 from service.errors import InvalidItem, ItemTooLarge
 from service.letter_items import LettersDecoder
+
+if TYPE_CHECKING:
+    from service.extractors.tagging import Tagger
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -479,7 +482,7 @@ class TokenInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     form: str = Field(min_length=1, max_length=MAX_FORM_CHARS)
-    upos: str = Field(min_length=1, max_length=16)
+    upos: str | None = Field(default=None, min_length=1, max_length=16)
 
 
 class TokensItem(BaseModel):
@@ -490,16 +493,20 @@ class TokensItem(BaseModel):
 
 
 class TokensDecoder:
-    """``{"id"?, "tokens": [{"form": str, "upos": str}, ...]}`` → a
+    """``{"id"?, "tokens": [{"form": str, "upos"?: str}, ...]}`` → a
     :class:`service.extractors.parsing.Sentence`; size = number of tokens.
 
+    Tokens sent without ``upos`` are tagged by the bundle's ``tagger``
+    (:class:`service.extractors.tagging.Tagger`, keeping the tags that were sent), here,
+    so the time is charged as decoding; without a tagger every token needs its tag.
     More tokens than ``max_tokens`` is a 413 (checked before anything else is validated, so
     a huge list is refused cheaply); an empty list, a missing field or a tag that is not one
     of the 17 universal POS tags a 422 naming the token. The cache key is a digest of the
-    forms and tags."""
+    forms and the tags sent (the tagger is the bundle's: the same forms, the same tags)."""
 
-    def __init__(self, spec: ItemSpec) -> None:
+    def __init__(self, spec: ItemSpec, tagger: Tagger | None = None) -> None:
         self.max_tokens = spec.max_tokens
+        self.tagger = tagger
 
     def heavy(self, item: Any) -> bool:
         return False
@@ -524,7 +531,11 @@ class TokensDecoder:
             parsed = TokensItem.model_validate(item)
         except ValidationError as exc:
             raise InvalidItem(f"invalid tokens item: {describe_errors(exc)}") from None
-        bad = [(i, t.upos) for i, t in enumerate(parsed.tokens) if t.upos not in UPOS_ID]
+        bad = [
+            (i, t.upos)
+            for i, t in enumerate(parsed.tokens)
+            if t.upos is not None and t.upos not in UPOS_ID
+        ]
         if bad:
             shown = ", ".join(f"item.tokens.{i}.upos = {_clip(tag)!r}" for i, tag in bad[:_LISTED])
             raise InvalidItem(
@@ -533,8 +544,19 @@ class TokensDecoder:
                 tokens=[i for i, _ in bad[:_LISTED]],
             )
         forms = [t.form for t in parsed.tokens]
-        upos = [t.upos for t in parsed.tokens]
-        content = "\x1f".join(f"{f}\x1e{u}" for f, u in zip(forms, upos, strict=True))
+        sent = [t.upos for t in parsed.tokens]
+        untagged = [i for i, u in enumerate(sent) if u is None]
+        upos = [u for u in sent if u is not None]
+        if untagged:
+            if self.tagger is None:
+                raise InvalidItem(
+                    f"{len(untagged)} token(s) have no 'upos' (item.tokens.{untagged[0]} "
+                    "first) and this bundle has no tagger: send a universal POS tag with every "
+                    "token, or use a parser bundle built with a tagger",
+                    tokens=untagged[:_LISTED],
+                )
+            upos = self.tagger.tag(forms, sent)
+        content = "\x1f".join(f"{f}\x1e{u or ''}" for f, u in zip(forms, sent, strict=True))
         return DecodedItem(
             data=Sentence(forms, upos),
             size=len(forms),
@@ -542,11 +564,12 @@ class TokensDecoder:
         )
 
 
-def make_decoder(spec: ItemSpec, max_pixels: int) -> ItemDecoder:
+def make_decoder(spec: ItemSpec, max_pixels: int, tagger: Tagger | None = None) -> ItemDecoder:
+    """The decoder of ``spec``'s kind (``tagger``: a tokens bundle's, from its manifest)."""
     if spec.kind == "image":
         return ImageDecoder(spec, max_pixels)
     if spec.kind == "letters":
         return LettersDecoder(spec)
     if spec.kind == "tokens":
-        return TokensDecoder(spec)
+        return TokensDecoder(spec, tagger)
     return TabularDecoder(spec)

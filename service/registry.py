@@ -37,6 +37,7 @@ from service.errors import (
     VersionNotFound,
 )
 from service.extractors.base import Extractor, available_extractors, create_extractor
+from service.extractors.tagging import load_tagger
 from service.inference import LoadedModel, load_models
 from service.items import ItemDecoder, make_decoder
 from service.sources import SensorSource, SensorSources, acquirers
@@ -314,7 +315,8 @@ def _load(
         extractors[spec.name] = extractor
     extractors.update(acquirers(manifest, sources or {}, installed))
     models = load_models(manifest, path)
-    decoder = make_decoder(manifest.item, max_pixels)
+    tagger = None if manifest.item.tagger is None else load_tagger(path, manifest.item.tagger)
+    decoder = make_decoder(manifest.item, max_pixels, tagger)
     _warm_up(manifest, decoder, extractors, models)
     calibrator = CostCalibrator(
         {e.name: e.cost for e in manifest.extractors},

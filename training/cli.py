@@ -1027,6 +1027,14 @@ def parser(
     anytime_steps: Annotated[
         int, typer.Option(min=1, help="anytime per-step policies (Alg. 1)")
     ] = 20,
+    tagger: Annotated[
+        bool,
+        typer.Option(
+            "--tagger/--no-tagger",
+            help="carry a POS tagger trained on the training sentences, so a request may send "
+            "tokens without 'upos' (tagged while decoding, its time charged)",
+        ),
+    ] = True,
 ) -> None:
     """Build the dependency-parser bundle (paper 004, parsing) from a UD treebank (EWT by
     default, or any CoNLL-U files with --train/--dev): the arc-factored parser over random
@@ -1050,6 +1058,7 @@ def parser(
         dev_file=dev,
         length_filter=length_filter,
         anytime_steps=anytime_steps,
+        tagger=tagger,
     )
     try:
         evaluation = build_parser_bundle(out, config, log=console.print)

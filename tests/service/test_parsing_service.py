@@ -4,6 +4,7 @@ recomputed here from the bundle's own files; limits and bad items answered with 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,84 @@ def test_bad_sentences_get_a_clear_4xx(
     response = client.post("/predict", json={"model": "ewt-parser", "budget": 50, "item": item})
     assert response.status_code == status, response.text
     assert mentions in response.text
+
+
+def test_tokens_without_tags_are_tagged_by_the_bundles_tagger(
+    client: TestClient, parser_bundle_dir: Path, held_out: list[tuple[Sentence, np.ndarray]]
+) -> None:
+    """Raw tokens (no ``upos``) get the tree the parser gives the tags the bundle's tagger
+    predicts, as if the client had sent those tags; tags sent with some tokens are kept."""
+    from service.extractors.tagging import Tagger
+
+    manifest = read_manifest(parser_bundle_dir)
+    assert manifest.item.tagger is not None and manifest.item.tagger.accuracy is not None
+    tagger = Tagger(np.load(parser_bundle_dir / manifest.item.tagger.file))
+    wrong = 0
+    for sentence, _ in held_out[:10]:
+        raw = {"tokens": [{"form": f} for f in sentence.forms]}
+        untagged = client.post(
+            "/predict", json={"model": "ewt-parser", "budget": 10_000, "item": raw}
+        )
+        assert untagged.status_code == 200, untagged.text
+        tags = tagger.tag(sentence.forms)
+        wrong += sum(t != g for t, g in zip(tags, sentence.upos, strict=True))
+        tagged = client.post("/predict", json=body(Sentence(sentence.forms, tags), 10_000.0))
+        assert untagged.json()["prediction"] == tagged.json()["prediction"]
+        assert untagged.json()["decision"]["upos"] == tags == tagged.json()["decision"]["upos"]
+        assert untagged.json()["timings_ms"]["decode"] > 0
+        # One gold tag sent, the rest predicted around it.
+        given: list[str | None] = [None] * len(sentence)
+        given[0] = sentence.upos[0]
+        mixed = tagger.tag(sentence.forms, given)
+        item = {
+            "tokens": [
+                {"form": f} if g is None else {"form": f, "upos": g}
+                for f, g in zip(sentence.forms, given, strict=True)
+            ]
+        }
+        served = client.post(
+            "/predict", json={"model": "ewt-parser", "budget": 10_000, "item": item}
+        )
+        expected = client.post("/predict", json=body(Sentence(sentence.forms, mixed), 10_000.0))
+        assert served.json()["prediction"] == expected.json()["prediction"]
+    total = sum(len(s) for s, _ in held_out[:10])
+    assert wrong < 0.25 * total, (wrong, total)  # a tagger, not noise (1,000 training sentences)
+
+
+def test_a_bundle_without_a_tagger_asks_for_the_tags(
+    parser_bundle_dir: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    copy = tmp_path / "ewt-parser"
+    shutil.copytree(parser_bundle_dir, copy)
+    raw = json.loads((copy / "manifest.json").read_text())
+    del raw["item"]["tagger"]
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    settings = Settings(models_dir=tmp_path)
+    item = {"tokens": [{"form": "I", "upos": "PRON"}, {"form": "saw"}, {"form": "it"}]}
+    with TestClient(create_app(settings, cache=InProcessCache(1 << 20))) as c:
+        response = c.post("/predict", json={"model": "ewt-parser", "budget": 50, "item": item})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert "2 token(s) have no 'upos' (item.tokens.1 first)" in error["message"]
+    assert "no tagger" in error["message"] and error["details"]["tokens"] == [1, 2]
+
+
+def test_a_tagger_file_of_the_wrong_shape_keeps_the_bundle_out(
+    parser_bundle_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "ewt-parser"
+    shutil.copytree(parser_bundle_dir, copy)
+    np.save(copy / "tagger.npy", np.zeros((100, 17), dtype=np.float32))
+    settings = Settings(models_dir=tmp_path)
+    with TestClient(create_app(settings, cache=InProcessCache(1 << 20))) as c:
+        listed = c.get("/models").json()
+    text = json.dumps(listed)
+    assert "item.tagger" in text and "buckets a power of two" in text, text
 
 
 @pytest.mark.parametrize(

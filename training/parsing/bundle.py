@@ -5,7 +5,9 @@ sentences: the parser is trained on ``train``; ``dev`` is split in two, the poli
 from the first part (``policy_sentences``) and every operating point's UAS and ψ^Full share
 are measured on the rest (``calibration``); ``test`` is left to the benchmark.
 
-The bundle: ``weights.npy`` (float32 hashed edge weights) and one ``policy-*.npy`` per
+The bundle: ``weights.npy`` (float32 hashed edge weights), ``tagger.npy`` (the POS tagger's
+float32 hashed weights, trained on ``train``, so tokens may be sent without tags; its tag
+accuracy is measured on the calibration sentences) and one ``policy-*.npy`` per
 learned point (float64 linear word policies), a JSON manifest naming them (no pickles, no
 ONNX: the scorer is a gather-and-sum and the decoder Chu–Liu–Edmonds, both in
 ``service.strategies``), one extractor per (template, word position), their cost curves
@@ -34,6 +36,7 @@ from service.bundle import (
     ParserPoint,
     ParserPolicy,
     ParserStrategy,
+    TaggerSpec,
     write_manifest,
 )
 from service.extractors.parsing import (
@@ -46,11 +49,12 @@ from service.extractors.parsing import (
 )
 from service.strategies.chu_liu_edmonds import chu_liu_edmonds
 from training.bundles.writer import bundle_version, provenance, staging
-from training.parsing.data import DEFAULT_DIR, Treebank, read_conllu, read_split, split_path, uas
+from training.parsing.data import DEFAULT_DIR, read_conllu, split_path, uas
 from training.parsing.parser import ArcFactoredParser
 from training.parsing.policies import (
     ParseProblem,
     Trajectory,
+    filter_stats,
     fit_anytime_steps,
     fit_word_policy,
     greedy_trajectory,
@@ -58,6 +62,7 @@ from training.parsing.policies import (
     parse_problems,
     parsimonious_labels,
 )
+from training.parsing.tagger import build_tagger
 from training.profiling import fit_cost_polynomial
 
 CLASS_WEIGHTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
@@ -83,6 +88,10 @@ class ParserBuildConfig:
     # Prune arcs longer than training saw for their (head tag, dependent tag, direction).
     length_filter: bool = False
     anytime_steps: int = 20  # Alg. 1's per-step policies (the last serves every later step)
+    # A POS tagger in the bundle, so tokens may be sent without tags (training/parsing/tagger).
+    tagger: bool = True
+    tagger_epochs: int = 10
+    tagger_weights: Path | None = None  # reuse an earlier build's tagger.npy
 
     def path(self, split: str) -> Path:
         chosen = {"train": self.train_file, "dev": self.dev_file}.get(split)
@@ -230,6 +239,18 @@ def build_parser_bundle(
     files: dict[str, np.ndarray] = {"weights.npy": parser.coef_}
     strategies: list[AnyStrategy] = []
     evaluation: dict[str, Any] = {"history": parser.history_, "points": {}}
+    tagger: TaggerSpec | None = None
+    if config.tagger:  # its accuracy on the dev sentences the policies do not learn from
+        files["tagger.npy"], accuracy = build_tagger(
+            train.sentences,
+            calib_set.sentences,
+            config.tagger_epochs,
+            config.seed,
+            reuse=config.tagger_weights,
+            log=log,
+        )
+        tagger = TaggerSpec(file="tagger.npy", accuracy=round(accuracy, 6))
+        evaluation["tagger"] = {"accuracy": accuracy, "sentences": len(calib_set)}
 
     def learned(
         policy: ParserPolicy, name: str, labels: list[list[int]], weights: Sequence[float]
@@ -337,7 +358,7 @@ def build_parser_bundle(
             "uas_all_full_dev": all_full[0],
             "trajectory_mean_upgrades": float(np.mean([len(t) for t in trajectory_words])),
             "costs_ms": {k: v.coefficients for k, v in costs.items()},
-            "length_filter": _filter_stats(length_filter, calib_problems),
+            "length_filter": filter_stats(length_filter, calib_problems),
             "anytime_steps": int(steps.shape[1]),
         }
     )
@@ -384,7 +405,9 @@ def build_parser_bundle(
             version=bundle_version(tmp, digest),
             task="parsing",
             cost_unit="ms",
-            item=ItemSpec(kind="tokens", max_tokens=config.max_tokens, size_unit="tokens"),
+            item=ItemSpec(
+                kind="tokens", max_tokens=config.max_tokens, size_unit="tokens", tagger=tagger
+            ),
             extractors=extractors,
             strategies=strategies,
             default_strategy="oneshot",
@@ -399,6 +422,7 @@ def build_parser_bundle(
                     "seed": config.seed,
                     "length_filter": config.length_filter,
                     "anytime_steps": config.anytime_steps,
+                    "tagger_epochs": config.tagger_epochs if config.tagger else None,
                     "weights_from": None
                     if config.weights is None
                     else hashlib.sha256(config.weights.read_bytes()).hexdigest()[:16],
@@ -408,25 +432,3 @@ def build_parser_bundle(
         write_manifest(tmp, manifest)
         (tmp / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
     return evaluation
-
-
-def _filter_stats(
-    length_filter: LengthFilter | None, problems: Sequence[ParseProblem]
-) -> dict[str, float] | None:
-    """What the filter prunes on held-out dev sentences: the share of all arcs, and the
-    share of gold arcs (each one a token the parser can no longer attach right)."""
-    if length_filter is None:
-        return None
-    arcs = pruned = gold_pruned = 0
-    for p in problems:
-        kept = np.isfinite(p.scores.pos)  # (n + 1, n): head h, dependent d - 1
-        n = p.n_parts
-        arcs += n * n  # every head 0 … n of every dependent but itself
-        pruned += int((~kept).sum()) - n  # the diagonal was never an arc
-        gold_pruned += int((~kept[p.gold[1:], np.arange(n)]).sum())
-    words = sum(p.n_parts for p in problems)
-    return {"arcs_pruned": pruned / max(arcs, 1), "gold_arcs_pruned": gold_pruned / max(words, 1)}
-
-
-def load_test(data_dir: Path = DEFAULT_DIR, max_tokens: int | None = None) -> Treebank:
-    return read_split("test", data_dir, max_tokens=max_tokens)
