@@ -10,7 +10,11 @@ without and with the length-dictionary filter. The anytime policy runs at per-se
 budgets ``base(n) + f · n · c_lex(n)`` from the bundle's own cost curves, and every served
 request's overrun is checked against the session's bound (the misprediction of its last
 acquisition and of the decode). What a user would run instead: the parser with one fixed
-template for every word (all ψ^POS, all ψ^Full) without the filter, in the same run.
+template for every word (all ψ^POS, all ψ^Full) without the filter, in the same run. Rows
+marked ``+tagger`` send the tokens without tags, as a user with raw text would: the bundle's
+tagger tags them while decoding, and that time is counted; ``[parser on predicted tags]``
+rows use the parser trained on predicted tags (``--predicted-bundle``, built first with
+``--predicted-tags``).
 
 ``python -m benchmarks.parsing [--bundle models/ewt-parser] [--limit N]`` writes
 ``docs/benchmarks/parsing.md`` and ``docs/benchmarks/parsing.png`` (the whole EWT test set
@@ -43,10 +47,12 @@ from service.strategies.base import StrategyRuntime, strategy_for
 
 BUNDLE = Path("models/ewt-parser")
 FILTERED = Path("models/ewt-parser-filtered")
+PREDICTED = Path("models/ewt-parser-predicted")  # the parser trained on jackknifed tags
 EWT = Path("../shared/datasets/ud-english-ewt")
 ANYTIME_FRACTIONS = (0.25, 1.0, 1.5)
 FILTER = " +filter"
 TAGGED = " +tagger"  # predicted tags: tokens sent without upos, tagged by the bundle
+RETRAINED = " [parser on predicted tags]"  # rows of the PREDICTED bundle
 MAX_DEPTH = 7
 
 
@@ -180,6 +186,7 @@ def _ensure(
     weights: Path | None,
     length_filter: bool,
     tagger_weights: Path | None = None,
+    predicted_tags: bool = False,
 ) -> bool:
     """Build ``bundle`` when missing (like the OCR and CSTC-digits benchmarks, so ``make
     bench`` runs on a fresh checkout); False without the treebank."""
@@ -197,6 +204,7 @@ def _ensure(
         weights=weights,
         length_filter=length_filter,
         tagger_weights=tagger_weights,
+        predicted_tags=predicted_tags,
     )
     build_parser_bundle(bundle, config)
     return True
@@ -210,6 +218,8 @@ KEEP: dict[str, set[str] | None] = {
     "myopic": {"myopic-q0.75"},
     "uniform-word": {"uniform-word-p0", "uniform-word-p1"},
 }
+# The parser trained on predicted tags, sent gold tags (the other way round).
+KEEP_RETRAINED_GOLD: dict[str, set[str] | None] = {"uniform-word": {"uniform-word-p1"}}
 KEEP_FILTERED: dict[str, set[str] | None] = {
     "oneshot": {"traj-cw16", "traj-cw64"},
     "uniform-word": {"uniform-word-p1"},
@@ -231,8 +241,8 @@ def _fixed(
         spec = specs[name]
         for point in spec.points:
             if wanted is None or point.id in wanted:
-                # The dev numbers are with gold tags: not shown (nor chosen by) for TAGGED.
-                dev = (None, None) if tag == TAGGED else (point.uas, point.full_fraction)
+                # Dev numbers (gold tags, gold-trained parser) only where they are the row's.
+                dev = (point.uas, point.full_fraction) if tag in ("", FILTER) else (None, None)
                 run = Run(name + tag, point.id, dev_uas=dev[0], dev_share=dev[1])
                 out.append((run, single(bundle, spec, point)))
     return out
@@ -249,6 +259,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bundle", type=Path, default=BUNDLE)
     parser.add_argument("--filtered-bundle", type=Path, default=FILTERED)
+    parser.add_argument(
+        "--predicted-bundle",
+        type=Path,
+        default=PREDICTED,
+        help="the parser trained on predicted tags: its rows when it exists",
+    )
+    parser.add_argument(
+        "--predicted-tags",
+        action="store_true",
+        help="build --predicted-bundle when missing (the parser is trained again: 2.5 min here)",
+    )
     parser.add_argument("--data-dir", type=Path, default=EWT)
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -272,9 +293,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         if (args.bundle / "tagger.npy").is_file()
         else None,
     )
+    if args.predicted_tags:
+        _ensure(
+            args.predicted_bundle,
+            args.data_dir,
+            weights=None,
+            length_filter=False,
+            tagger_weights=args.bundle / "tagger.npy",
+            predicted_tags=True,
+        )
     t_start = time.perf_counter()
     bundle = load_bundle(args.bundle, 1 << 22, CalibrationSettings(enabled=False))
     filtered = load_bundle(args.filtered_bundle, 1 << 22, CalibrationSettings(enabled=False))
+    retrained = (
+        load_bundle(args.predicted_bundle, 1 << 22, CalibrationSettings(enabled=False))
+        if (args.predicted_bundle / "manifest.json").is_file()
+        else None
+    )
     manifest = bundle.manifest
     test = read_split("test", args.data_dir, max_tokens=manifest.item.max_tokens)
     data, refused = items(test, args.limit, bundle)
@@ -283,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     if bundle.manifest.item.tagger is not None:
         fixed += [(r, rt, bundle) for r, rt in _fixed(bundle, KEEP_TAGGED, TAGGED)]
+    if retrained is not None:
+        for keep, tag in ((KEEP_TAGGED, RETRAINED + TAGGED), (KEEP_RETRAINED_GOLD, RETRAINED)):
+            fixed += [(r, rt, retrained) for r, rt in _fixed(retrained, keep, tag)]
     runs_fixed = [r for r, _, _ in fixed]
     # The anytime rows run on their own bundle instances (with --calibration, the service's
     # live calibration corrects their curves to this machine's wall times; off by default: a
@@ -527,21 +565,14 @@ def _tagged_goal(
 ) -> list[str]:
     """The bullet on predicted tags (the bundle's tagger), or why there is none."""
     tagger = bundle.manifest.item.tagger
-    tagged = {r.point: r for r in runs if r.policy.endswith(TAGGED)}
+    tagged = {r.point: r for r in runs if r.policy.endswith(TAGGED) and RETRAINED not in r.policy}
     if tagger is None or not tagged:
         return ["* Predicted tags: this bundle has no tagger (built with --no-tagger)."]
     pos, full = tagged["uniform-word-p0"], tagged["uniform-word-p1"]
     gold_full = _find(runs, "uniform-word", "uniform-word-p1")
     point = tagged.get(chosen.point) if chosen is not None else None
-    at = (
-        f"the point chosen on dev with gold tags ({point.policy} {point.point}): "
-        f"{100 * point.uas:.2f} % at {point.mean_ms:.2f} ms, "
-        f"{full.mean_ms / point.mean_ms:.2f}× against all ψ^Full with predicted tags "
-        f"({100 * (full.uas - point.uas):.2f} points below it)"
-        if point is not None
-        else "the point chosen on dev was not measured with predicted tags"
-    )
-    return prose(
+    at = _point(point, full)
+    lines = prose(
         "parsing",
         "tagged",
         tag_acc=f"{100 * test_tags:.2f}",
@@ -554,6 +585,35 @@ def _tagged_goal(
         full_ms=f"{full.mean_ms:.2f}",
         chosen=at,
         loss=f"{100 * (gold_full.uas - full.uas):.2f}",
+    )
+    again = {r.point: r for r in runs if r.policy.endswith(RETRAINED + TAGGED)}
+    gold_again = [r for r in runs if r.policy.endswith(RETRAINED)]
+    if not again or not gold_again:
+        return [*lines, "* The parser trained on predicted tags: not measured (no bundle)."]
+    r_full = again["uniform-word-p1"]
+    return lines + prose(
+        "parsing",
+        "retrained",
+        pos_uas=f"{100 * again['uniform-word-p0'].uas:.2f}",
+        pos_ms=f"{again['uniform-word-p0'].mean_ms:.2f}",
+        full_uas=f"{100 * r_full.uas:.2f}",
+        full_ms=f"{r_full.mean_ms:.2f}",
+        gain=f"{100 * (r_full.uas - full.uas):+.2f}",
+        chosen=_point(again.get(chosen.point) if chosen is not None else None, r_full),
+        gold_uas=f"{100 * gold_again[0].uas:.2f}",
+        gold_loss=f"{100 * (gold_full.uas - gold_again[0].uas):.2f}",
+    )
+
+
+def _point(point: Run | None, full: Run) -> str:
+    """The point chosen on dev (gold tags), measured with predicted tags."""
+    if point is None:
+        return "the point chosen on dev was not measured with predicted tags"
+    return (
+        f"the point chosen on dev with gold tags ({point.policy} {point.point}): "
+        f"{100 * point.uas:.2f} % at {point.mean_ms:.2f} ms, "
+        f"{full.mean_ms / point.mean_ms:.2f}× against all ψ^Full with predicted tags "
+        f"({100 * (full.uas - point.uas):.2f} points below it)"
     )
 
 

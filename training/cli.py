@@ -1035,6 +1035,14 @@ def parser(
             "tokens without 'upos' (tagged while decoding, its time charged)",
         ),
     ] = True,
+    predicted_tags: Annotated[
+        bool,
+        typer.Option(
+            "--predicted-tags/--gold-tags",
+            help="train the parser on tags the tagger predicts (jackknifed over 4 folds of the "
+            "training sentences), for clients that send raw tokens, instead of the gold tags",
+        ),
+    ] = False,
 ) -> None:
     """Build the dependency-parser bundle (paper 004, parsing) from a UD treebank (EWT by
     default, or any CoNLL-U files with --train/--dev): the arc-factored parser over random
@@ -1059,6 +1067,7 @@ def parser(
         length_filter=length_filter,
         anytime_steps=anytime_steps,
         tagger=tagger,
+        predicted_tags=predicted_tags,
     )
     try:
         evaluation = build_parser_bundle(out, config, log=console.print)

@@ -49,7 +49,7 @@ from service.extractors.parsing import (
 )
 from service.strategies.chu_liu_edmonds import chu_liu_edmonds
 from training.bundles.writer import bundle_version, provenance, staging
-from training.parsing.data import DEFAULT_DIR, read_conllu, split_path, uas
+from training.parsing.data import DEFAULT_DIR, Treebank, read_conllu, split_path, uas
 from training.parsing.parser import ArcFactoredParser
 from training.parsing.policies import (
     ParseProblem,
@@ -62,7 +62,7 @@ from training.parsing.policies import (
     parse_problems,
     parsimonious_labels,
 )
-from training.parsing.tagger import build_tagger
+from training.parsing.tagger import build_tagger, jackknifed
 from training.profiling import fit_cost_polynomial
 
 CLASS_WEIGHTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
@@ -92,6 +92,8 @@ class ParserBuildConfig:
     tagger: bool = True
     tagger_epochs: int = 10
     tagger_weights: Path | None = None  # reuse an earlier build's tagger.npy
+    # Train the parser on the tags the tagger predicts (jackknifed), not the gold ones.
+    predicted_tags: bool = False
 
     def path(self, split: str) -> Path:
         chosen = {"train": self.train_file, "dev": self.dev_file}.get(split)
@@ -209,7 +211,7 @@ def build_parser_bundle(
     parser = ArcFactoredParser(buckets=config.buckets, epochs=config.epochs, seed=config.seed)
     if config.weights is None:
         log(f"parser: {len(train)} training sentences, {config.epochs} epochs")
-        parser.fit(train)
+        parser.fit(_with_predicted_tags(train, config, log) if config.predicted_tags else train)
     else:
         coef = np.load(config.weights, allow_pickle=False)
         if coef.shape != (config.buckets,) or coef.dtype != np.float32:
@@ -423,6 +425,7 @@ def build_parser_bundle(
                     "length_filter": config.length_filter,
                     "anytime_steps": config.anytime_steps,
                     "tagger_epochs": config.tagger_epochs if config.tagger else None,
+                    "parser_tags": "predicted" if config.predicted_tags else "gold",
                     "weights_from": None
                     if config.weights is None
                     else hashlib.sha256(config.weights.read_bytes()).hexdigest()[:16],
@@ -432,3 +435,10 @@ def build_parser_bundle(
         write_manifest(tmp, manifest)
         (tmp / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
     return evaluation
+
+
+def _with_predicted_tags(
+    train: Treebank, config: ParserBuildConfig, log: Callable[[str], None]
+) -> Treebank:
+    tagged = jackknifed(train.sentences, epochs=config.tagger_epochs, seed=config.seed, log=log)
+    return Treebank(tagged, train.heads, f"{train.fingerprint}:jackknifed-tags")

@@ -98,3 +98,31 @@ def build_tagger(
     accuracy = tag_accuracy(Tagger(weights), held_out)
     log(f"tagger: {accuracy:.4f} tag accuracy on {len(held_out)} held-out sentences")
     return weights, accuracy
+
+
+def jackknifed(
+    sentences: Sequence[Sentence],
+    *,
+    folds: int = 4,
+    epochs: int,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> list[Sentence]:
+    """``sentences`` with tags predicted as at serving time, by jackknifing: each of
+    ``folds`` parts is tagged by a tagger trained on the other parts, so a parser trained on
+    them learns from the tagger's kind of mistakes, not from tags no client would send."""
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
+    part = np.random.default_rng(seed).permutation(len(sentences)) % folds
+    out: list[Sentence] = list(sentences)
+    right = total = 0
+    for k in range(folds):
+        rest = [s for s, f in zip(sentences, part, strict=True) if f != k]
+        tagger = Tagger(train_tagger(rest, epochs=epochs, seed=seed + k))
+        for i in np.flatnonzero(part == k).tolist():
+            predicted = tagger.tag(sentences[i].forms)
+            right += sum(p == g for p, g in zip(predicted, sentences[i].upos, strict=True))
+            total += len(predicted)
+            out[i] = Sentence(sentences[i].forms, predicted)
+    log(f"tagger: training sentences jackknifed ({folds} folds), {right / max(total, 1):.4f} right")
+    return out

@@ -84,3 +84,27 @@ def test_on_ewt_held_out_sentences_it_tags_like_a_greedy_perceptron() -> None:
     nouns = sum(t == "NOUN" for s in dev.sentences for t in s.upos)
     assert nouns / sum(len(s) for s in dev.sentences) < 0.25
     assert accuracy > 0.85, accuracy
+
+
+def test_jackknifed_tags_come_from_taggers_that_never_saw_the_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import training.parsing.tagger as tagging
+
+    sentences = _language(200, seed=2)
+    seen: list[set[int]] = []
+    train = tagging.train_tagger
+
+    def recording(part: list[Sentence], **kwargs: object) -> object:
+        seen.append({id(s) for s in part})
+        return train(part, buckets=1 << 12, epochs=5)
+
+    monkeypatch.setattr(tagging, "train_tagger", recording)
+    tagged = tagging.jackknifed(sentences, folds=4, epochs=5, seed=0, log=lambda _: None)
+    assert len(seen) == 4 and all(len(s) == 150 for s in seen)
+    for original, out in zip(sentences, tagged, strict=True):
+        assert out.forms == original.forms
+        # The fold that tagged it is the one whose tagger did not train on it: exactly one.
+        assert sum(id(original) not in s for s in seen) == 1
+    # The language is learnable from the other three quarters: every tag right.
+    assert [t.upos for t in tagged] == [s.upos for s in sentences]
