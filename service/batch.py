@@ -263,6 +263,7 @@ async def predict_batch(
     budget: float | None = None,
     total_budget: float | None = None,
     version: str | None = None,
+    tolerance: float | None = None,
     budget_mode: str | None = None,
     max_cost: float | None = None,
 ) -> BatchOutcome:
@@ -270,7 +271,8 @@ async def predict_batch(
     ``total_budget`` (see the module). Items run one after the other; each is an ordinary
     prediction (``PredictHandler.predict``), whose features are written to the cache before
     the next item runs, so an identical item later in the batch gets them free. Every item
-    runs on ``version`` of ``model`` (its newest if None). ``budget_mode`` and ``max_cost``
+    runs on ``version`` of ``model`` (its newest if None), with ``tolerance`` (each item's, as
+    for one request). ``budget_mode`` and ``max_cost``
     go with ``budget``: each item's, as for one request (a mean budget then holds on average
     over the items)."""
     if (budget is None) == (total_budget is None):
@@ -303,6 +305,7 @@ async def predict_batch(
             strategy,
             version=version,
             accounting="work",
+            tolerance=tolerance,
             budget_mode=budget_mode,
             max_cost=max_cost,
         )

@@ -96,6 +96,7 @@ async def answer(
                 budget=body.budget,
                 total_budget=body.total_budget,
                 version=body.version,
+                tolerance=body.tolerance,
                 budget_mode=body.budget_mode,
                 max_cost=body.max_cost,
             )

@@ -44,6 +44,20 @@ BudgetMode = Annotated[
         "with `budget`"
     ),
 ]
+#: A tabular adaptive strategy's per-request tolerance (single requests and batch items).
+Tolerance = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        strict=True,
+        description="tabular adaptive strategies (dag, gating, cstc): serve the cheapest "
+        "point whose validation accuracy is within this much of the best the budget affords "
+        "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422). In a "
+        "batch, each item's",
+    ),
+]
 MaxCost = Annotated[
     float | None,
     Field(
@@ -109,16 +123,7 @@ class PredictRequest(BaseModel):
         "under load the answer gets cheaper, not later), 'work' only the work done for it. "
         "Absent: the service's default (BUDGETSERVE_ACCOUNTING, 'deadline')",
     )
-    tolerance: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
-        strict=True,
-        description="tabular adaptive strategies (dag, gating, cstc): serve the cheapest "
-        "point whose validation accuracy is within this much of the best the budget affords "
-        "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422)",
-    )
+    tolerance: Tolerance = None
     budget_mode: BudgetMode = None
     max_cost: MaxCost = None
 
@@ -197,6 +202,7 @@ class BatchPredictRequest(BaseModel):
         description="one budget for the whole batch, planned across its items: spent where "
         "the expected accuracy gained per cost is highest (or send budget)",
     )
+    tolerance: Tolerance = None
     budget_mode: BudgetMode = None
     max_cost: MaxCost = None
     strategy: str | None = Field(

@@ -9,7 +9,8 @@ table):
   ``total_budget`` (the batch's, planned across its items as ``POST /predict`` does), in the
   model's cost unit, ``strategy`` (optional) and ``accounting`` (optional, ``deadline`` or
   ``work``, as in ``POST /predict``; a single item's deadline counts from the receipt);
-  with ``budget``, ``budget_mode`` and ``max_cost`` (each item's, as in ``POST /predict``).
+  with ``budget``, ``budget_mode`` and ``max_cost`` (each item's, as in ``POST /predict``);
+  ``tolerance`` (each item's, as in ``POST /predict``).
 * **Items**: the first dimension of the inputs is the batch. Image models take ``IMAGE`` as
   ``BYTES`` ``[B]`` (each element a PNG: base64 text in JSON, raw bytes as binary data) or as
   ``FP32``/``FP64`` ``[B, H, W]`` / ``[H, W]`` gray levels in [0, 1] (``UINT8``: 0..255),
@@ -558,6 +559,13 @@ async def run_infer(
     if budget_mode is not None and not isinstance(budget_mode, str):
         raise ProtocolError(f"parameters.budget_mode must be a string, got {budget_mode!r}")
     max_cost = _number(params, "max_cost")
+    tolerance = params.get("tolerance")
+    if tolerance is not None and (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, int | float)
+        or not 0 <= tolerance <= 1
+    ):
+        raise ProtocolError(f"parameters.tolerance must be a number in [0, 1], got {tolerance!r}")
     summary.update(strategy=strategy, budget=budget, total_budget=total)
     wanted = _requested(req)
     items = to_items(bundle, req.inputs, binary)
@@ -570,6 +578,7 @@ async def run_infer(
             strategy,
             version=version,
             accounting=accounting,
+            tolerance=tolerance,
             budget_mode=budget_mode,
             max_cost=max_cost,
             received=received,
@@ -592,6 +601,7 @@ async def run_infer(
             budget=budget,
             total_budget=total,
             version=version,
+            tolerance=tolerance,
             budget_mode=budget_mode,
             max_cost=max_cost,
         )

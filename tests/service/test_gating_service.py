@@ -473,6 +473,58 @@ def test_a_request_sends_its_own_tolerance_and_bad_ones_are_422(
         assert r.status_code == 422 and says in r.text, r.text
 
 
+def test_a_tolerance_goes_with_batch_items_and_the_open_inference_protocol(
+    client: StoreClient,
+) -> None:
+    """The per-request tolerance of the test above, sent with a batch (each item's, under
+    ``budget`` or ``total_budget``) and over HTTP v2 (``parameters.tolerance``, one item or
+    several: items by id, their sensors in Redis): each item gets the point a single request
+    with that tolerance gets; a tolerance outside [0, 1] is refused there too."""
+    x, _ = make_gating_data(3, seed=23)
+    for tolerance, point in ((0.0, "full"), (0.2, "gate-1"), (0.5, "low")):
+        items = [client.store.item(row, f"each-{tolerance}-{i}") for i, row in enumerate(x)]
+        body = {"model": "gating", "items": items, "tolerance": tolerance, "budget": 50.0}
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        assert [a["decision"]["point"] for a in r.json()["results"]] == [point] * 3
+        # Under a total the plan gives each item its own budget; with the tolerance, each
+        # gets the point a single request with that budget and tolerance gets.
+        items = [client.store.item(row, f"total-{tolerance}-{i}") for i, row in enumerate(x)]
+        body = {"model": "gating", "items": items, "tolerance": tolerance, "total_budget": 60.0}
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        for i, answer in enumerate(r.json()["results"]):
+            alone = {
+                "model": "gating",
+                "item": client.store.item(x[i], f"alone-{tolerance}-{i}"),
+                "budget": answer["cost"]["budget"],
+                "tolerance": tolerance,
+            }
+            single = client.post("/predict", json=alone).json()
+            assert answer["decision"]["point"] == single["decision"]["point"], (tolerance, i)
+        for n in (3, 1):
+            ids = [f"v2-{tolerance}-{n}-{i}" for i in range(n)]
+            for i, row in enumerate(x[:n]):
+                client.store.put(row, ids[i])
+            body = {
+                "inputs": [{"name": "ID", "shape": [n], "datatype": "BYTES", "data": ids}],
+                "parameters": {"budget": 50.0, "tolerance": tolerance},
+                "outputs": [{"name": "RESPONSE"}],
+            }
+            r = client.post("/v2/models/gating/infer", json=body)
+            assert r.status_code == 200, r.text
+            answers = [json.loads(a) for a in r.json()["outputs"][0]["data"]]
+            assert [a["decision"]["point"] for a in answers] == [point] * n, (tolerance, n)
+    body["parameters"] = {"budget": 50.0, "tolerance": 1.5}
+    r = client.post("/v2/models/gating/infer", json=body)
+    assert r.status_code == 400 and "tolerance must be a number in [0, 1]" in r.text, r.text
+    r = client.post(
+        "/predict",
+        json={"model": "gating", "items": [{"id": "t"}], "budget": 5.0, "tolerance": 2},
+    )
+    assert r.status_code == 422 and "less than or equal to 1" in r.text, r.text
+
+
 def test_a_strategy_without_a_tolerance_refuses_one_and_a_mean_budget(
     tiny_bundle_dir: Path,
 ) -> None:
