@@ -37,7 +37,7 @@ STATIC_FEATURES = 14
 _START = "<s>"
 _END = "</s>"
 #: The "tags" two before and one before the first word.
-_NO_TAG = ("-START2-", "-START-")
+NO_TAG = ("-START2-", "-START-")
 
 
 def _id(kind: str, value: str, mask: int) -> int:
@@ -89,9 +89,9 @@ class DynamicRows:
 
     def __init__(self, buckets: int) -> None:
         self.mask = buckets - 1
-        prev = [_NO_TAG[1], *UPOS]
+        prev = [NO_TAG[1], *UPOS]
         self._t1 = {t: _id("t-1", t, self.mask) for t in prev}
-        self._t2 = {t: _id("t-2", t, self.mask) for t in [*_NO_TAG, *UPOS]}
+        self._t2 = {t: _id("t-2", t, self.mask) for t in [*NO_TAG, *UPOS]}
         self._t12 = {
             (a, b): _id("t-2+t-1", f"{a}\x1f{b}", self.mask) for a in self._t2 for b in prev
         }
@@ -127,7 +127,7 @@ class Tagger:
         (and the words after it are tagged knowing it)."""
         ids = static_ids(forms, self.buckets)
         static = self.weights[ids].sum(axis=1)  # (n, 17)
-        prev2, prev = _NO_TAG
+        prev2, prev = NO_TAG
         tags: list[str] = []
         for i, form in enumerate(forms):
             fixed = given[i] if given is not None else None

@@ -198,6 +198,11 @@ def build_parser_bundle(
     out_dir: Path, config: ParserBuildConfig, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Train, choose and export; returns the evaluation written to ``evaluation.json``."""
+    if config.predicted_tags and config.weights is not None:
+        raise ValueError(
+            "predicted tags train the parser, and the weights given would replace that "
+            "training: drop --weights (or --predicted-tags)"
+        )
     rng = np.random.default_rng(config.seed)
     train = read_conllu(
         config.path("train"), max_tokens=config.max_tokens, limit=config.train_limit

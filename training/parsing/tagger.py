@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.extractors.parsing import UPOS, Sentence
-from service.extractors.tagging import _NO_TAG, DynamicRows, Tagger, static_ids, tag_ids
+from service.extractors.tagging import NO_TAG, DynamicRows, Tagger, static_ids, tag_ids
 
 #: Weight rows of a bundle's tagger (8.9 MB of float32 at 17 tags).
 DEFAULT_TAGGER_BUCKETS = 1 << 17
@@ -46,7 +46,7 @@ def train_tagger(
         right = total = 0
         for k in rng.permutation(len(sentences)):
             forms, ids, want = sentences[k].forms, static[k], gold[k]
-            prev2, prev = _NO_TAG
+            prev2, prev = NO_TAG
             for i, form in enumerate(forms):
                 rows = np.concatenate((ids[i], dynamic(prev2, prev, form.lower())))
                 guess = int(np.argmax(weights[rows].sum(axis=0)))

@@ -108,3 +108,12 @@ def test_jackknifed_tags_come_from_taggers_that_never_saw_the_sentence(
         assert sum(id(original) not in s for s in seen) == 1
     # The language is learnable from the other three quarters: every tag right.
     assert [t.upos for t in tagged] == [s.upos for s in sentences]
+
+
+def test_predicted_tags_with_given_parser_weights_are_refused(tmp_path: Path) -> None:
+    from training.parsing.bundle import ParserBuildConfig, build_parser_bundle
+
+    config = ParserBuildConfig(weights=tmp_path / "weights.npy", predicted_tags=True)
+    with pytest.raises(ValueError, match="drop --weights"):
+        build_parser_bundle(tmp_path / "out", config, log=lambda _: None)
+    assert not (tmp_path / "out").exists()
