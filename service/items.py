@@ -498,18 +498,27 @@ class TokensDecoder:
 
     Tokens sent without ``upos`` are tagged by the bundle's ``tagger``
     (:class:`service.extractors.tagging.Tagger`, keeping the tags that were sent), here,
-    so the time is charged as decoding; without a tagger every token needs its tag.
+    so the time is charged as decoding (on a worker thread past ``HEAVY_UNTAGGED_TOKENS``
+    tokens to tag); without a tagger every token needs its tag.
     More tokens than ``max_tokens`` is a 413 (checked before anything else is validated, so
     a huge list is refused cheaply); an empty list, a missing field or a tag that is not one
     of the 17 universal POS tags a 422 naming the token. The cache key is a digest of the
     forms and the tags sent (the tagger is the bundle's: the same forms, the same tags)."""
+
+    #: Untagged tokens beyond which tagging (~12 µs a token here) goes to a worker thread.
+    HEAVY_UNTAGGED_TOKENS = 64
 
     def __init__(self, spec: ItemSpec, tagger: Tagger | None = None) -> None:
         self.max_tokens = spec.max_tokens
         self.tagger = tagger
 
     def heavy(self, item: Any) -> bool:
-        return False
+        """A long sentence that the tagger has to tag: decoded on a worker thread."""
+        tokens = item.get("tokens") if isinstance(item, dict) and self.tagger else None
+        if not isinstance(tokens, list) or len(tokens) <= self.HEAVY_UNTAGGED_TOKENS:
+            return False
+        untagged = sum(not (isinstance(t, dict) and t.get("upos")) for t in tokens)
+        return untagged > self.HEAVY_UNTAGGED_TOKENS
 
     def decode(self, item: Any) -> DecodedItem:
         from service.extractors.parsing import UPOS, UPOS_ID, Sentence

@@ -476,3 +476,22 @@ def test_tabular_null_and_nan_are_gaps_not_errors() -> None:
     for bad in (float("inf"), -float("inf"), 1e300):
         with pytest.raises(InvalidItem, match="send a missing value as null"):
             decoder.decode({"values": {"a": bad}})
+
+
+def test_a_long_sentence_to_tag_is_decoded_on_a_worker_thread() -> None:
+    """Tagging costs ~12 µs a token: past 64 untagged tokens the decoding leaves the event
+    loop (``heavy``); tagged tokens, short sentences and bundles without a tagger stay."""
+    from service.extractors.parsing import UPOS
+    from service.extractors.tagging import Tagger
+    from service.items import TokensDecoder
+
+    spec = ItemSpec(kind="tokens", size_unit="tokens")
+    decoder = TokensDecoder(spec, Tagger(np.zeros((2, len(UPOS)), dtype=np.float32)))
+    raw = [{"form": "word"}] * 65
+    assert decoder.heavy({"tokens": raw})
+    assert not decoder.heavy({"tokens": raw[:64]})
+    assert not decoder.heavy({"tokens": [{"form": "word", "upos": "NOUN"}] * 100})
+    assert not TokensDecoder(spec).heavy({"tokens": raw})
+    assert not decoder.heavy({"tokens": "not a list"}) and not decoder.heavy([])
+    # and it decodes there as anywhere: every token tagged
+    assert len(decoder.decode({"tokens": raw}).data.upos) == 65
