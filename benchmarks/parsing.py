@@ -284,14 +284,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if not _ensure(args.bundle, args.data_dir, weights=None, length_filter=False):
         return
+    # The other bundles reuse the first's tagger (an older bundle without one: they train it).
+    tagger = args.bundle / "tagger.npy" if (args.bundle / "tagger.npy").is_file() else None
     _ensure(
         args.filtered_bundle,
         args.data_dir,
         weights=args.bundle / "weights.npy",
         length_filter=True,
-        tagger_weights=args.bundle / "tagger.npy"
-        if (args.bundle / "tagger.npy").is_file()
-        else None,
+        tagger_weights=tagger,
     )
     if args.predicted_tags:
         _ensure(
@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.data_dir,
             weights=None,
             length_filter=False,
-            tagger_weights=args.bundle / "tagger.npy",
+            tagger_weights=tagger,
             predicted_tags=True,
         )
     t_start = time.perf_counter()
