@@ -57,6 +57,12 @@ from service.types import FloatVector
 
 FloatArray = npt.NDArray[np.float64]
 WORDS = "words"
+#: The most a request's measured slowdown may inflate its remaining predictions (one stall,
+#: e.g. a garbage collection, should not stop a request that has time left).
+MAX_SLOWDOWN = 4.0
+#: Acquisitions predicted cheaper than this (ms) teach no slowdown: their measured time is
+#: mostly the loop's own overhead.
+MIN_PREDICTED_MS = 0.02
 
 
 def pos_name(word: int) -> str:
@@ -118,6 +124,10 @@ class ParserSession(Session):
         self.drawn = runtime.spec.policy not in ("uniform-word", "uniform-sentence")
         self.result: ParseAnswer | None = None
         self.decode_ms = 0.0
+        # How much dearer than predicted this request's acquisitions have come out (at
+        # least 1, at most MAX_SLOWDOWN): the machine's load now, applied to what is left.
+        self.slowdown = 1.0
+        self._pending: tuple[str, float] | None = None  # (acquired, spent when asked)
 
     # -- the plan -------------------------------------------------------------------------
     def _decide(self, features: Mapping[str, FloatVector]) -> None:
@@ -145,11 +155,28 @@ class ParserSession(Session):
         self.plan.queue = [lex_name(w) for w in self.plan.chosen]
 
     def _fits(self, name: str, obs: Observation) -> bool:
-        """Whether acquiring ``name`` and then decoding fit in what is left: the session
-        never starts an acquisition that cannot, so a request overruns its budget by at most
-        the misprediction of its last acquisition and of the decode."""
+        """Whether acquiring ``name`` and then decoding fit in what is left, both priced at
+        this request's ``slowdown`` so far: the session never starts an acquisition that
+        cannot, so a request overruns its budget by at most the misprediction of its last
+        acquisition and of the decode beyond the slowdown its earlier steps showed."""
         cost = self.per_feature.get(name, 0.0)
-        return affordable(cost + self.decode_cost, obs.remaining, obs.budget)
+        return affordable((cost + self.decode_cost) * self.slowdown, obs.remaining, obs.budget)
+
+    def _measure(self, obs: Observation) -> None:
+        """Learn from the last acquisition how much dearer than predicted this request's
+        work is running (its measured spend over its predicted cost)."""
+        if self._pending is None:
+            return
+        name, spent_before = self._pending
+        self._pending = None
+        predicted = self.per_feature.get(name, 0.0)
+        if predicted > MIN_PREDICTED_MS:
+            ratio = (obs.spent - spent_before) / predicted
+            self.slowdown = min(max(self.slowdown, ratio), MAX_SLOWDOWN)
+
+    def _acquire(self, name: str, obs: Observation) -> Acquire:
+        self._pending = (name, obs.spent)
+        return Acquire(name)
 
     def _heads_nothing(self, features: Mapping[str, FloatVector], word: int) -> bool:
         """Whether ``word``'s ψ^POS is in hand and the length filter kept none of its arcs
@@ -161,6 +188,7 @@ class ParserSession(Session):
         return bool((pos[width : (self.n + 1) * width : width] < 0).all())
 
     def step(self, obs: Observation) -> Step:
+        self._measure(obs)
         features = obs.features
         policy = self.rt.spec.policy
         if not self.plan.decided:
@@ -168,7 +196,7 @@ class ParserSession(Session):
                 if not self._fits(WORDS, obs):
                     self.stopped_by_budget = True
                     return self._answer(features)
-                return Acquire(WORDS)
+                return self._acquire(WORDS, obs)
             self._decide(features)
         while True:
             queue = self.plan.queue
@@ -187,7 +215,7 @@ class ParserSession(Session):
                     if name.startswith("pos@"):
                         return self._answer(features)
                     continue
-                return Acquire(name)
+                return self._acquire(name, obs)
             if not self.drawn and pos_name(1) in features:
                 self.drawn = True
                 self._draw(features)
@@ -243,6 +271,7 @@ class ParserSession(Session):
             "root_template": "pos",
             "myopic_margin": self.myopic_margin,
             "stopped_by_budget": self.stopped_by_budget,
+            "slowdown": self.slowdown,
             "decode_ms": self.decode_ms,
         }
 

@@ -433,3 +433,35 @@ def test_no_acquisition_starts_that_the_budget_cannot_pay_with_the_decode(
             assert meter.spent() + decode <= budget + 1e-9, (budget, sorted(run.acquired))
         sizes.add(len(run.acquired))
     assert len(sizes) > 3  # budgets bought different amounts: the bound was tested
+
+
+@pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
+def test_a_request_running_slower_than_predicted_prices_what_is_left_so(
+    parser_bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
+) -> None:
+    """Every acquisition charged twice its predicted cost (a loaded machine): the session
+    learns the slowdown from its first acquisition and prices the rest, decode included, at
+    it, so only that first acquisition, made before anything was measured, can overrun the
+    budget. (Priced at the prediction alone, later acquisitions overran too.)"""
+    from service.execution import DeclaredCost, ExtractorSource, run_session
+    from service.registry import load_bundle
+
+    bundle = load_bundle(parser_bundle_dir, 1 << 20)
+    runtime = bundle.strategy(strategy)
+    sentence, _ = held_out[2]
+    n = len(sentence)
+    per_feature = runtime.costs.at(n)
+    doubled = {name: 2.0 * cost for name, cost in per_feature.items()}
+    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
+    everything = 2.0 * (sum(per_feature.values()) + decode)
+    slowdowns, sizes = set(), set()
+    for budget in np.linspace(0.0, everything, 40)[1:]:
+        meter = DeclaredCost(doubled)
+        run = run_session(
+            runtime, n, float(budget), {}, ExtractorSource(bundle.extractors, sentence), meter
+        )
+        sizes.add(len(run.acquired))
+        if len(run.acquired) > 1:
+            assert meter.spent() + 2.0 * decode <= budget + 1e-9, (budget, len(run.acquired))
+            slowdowns.add(round(run.session.slowdown, 6))  # type: ignore[attr-defined]
+    assert slowdowns == {2.0} and len(sizes) > 3, (slowdowns, sizes)
