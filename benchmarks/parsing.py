@@ -42,6 +42,7 @@ from benchmarks.report import OUT, machine, prose
 from service.bundle import ParserPoint, ParserStrategy
 from service.errors import InvalidItem
 from service.execution import execute
+from service.extractors.parsing import Sentence
 from service.registry import Bundle, CalibrationSettings, load_bundle
 from service.strategies.base import StrategyRuntime, strategy_for
 
@@ -386,16 +387,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def tag_accuracy(bundle: Bundle, data: list[tuple[dict[str, Any], np.ndarray]]) -> float:
     """The bundle's tagger's accuracy on the measured test words (nan without a tagger)."""
+    from training.parsing.tagger import tag_accuracy as accuracy
+
     tagger = getattr(bundle.decoder, "tagger", None)
     if tagger is None:
         return float("nan")
-    right = total = 0
-    for item, _ in data:
-        forms = [t["form"] for t in item["tokens"]]
-        gold = [t["upos"] for t in item["tokens"]]
-        right += sum(p == g for p, g in zip(tagger.tag(forms), gold, strict=True))
-        total += len(gold)
-    return right / max(total, 1)
+    tokens = [item["tokens"] for item, _ in data]
+    return accuracy(
+        tagger, [Sentence([t["form"] for t in s], [t["upos"] for t in s]) for s in tokens]
+    )
 
 
 def untagged(item: dict[str, Any]) -> dict[str, Any]:

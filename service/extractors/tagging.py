@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from service.bundle import TaggerSpec
 from service.errors import BundleError
-from service.extractors.parsing import UPOS, UPOS_ID
+from service.extractors.parsing import UPOS
 from service.inference import bundle_file
 
 IntArray = npt.NDArray[np.int64]
@@ -61,12 +61,13 @@ def static_ids(forms: Sequence[str], buckets: int) -> IntArray:
     padded = [_START, _START, *lower, _END, _END]
     n = len(forms)
     out = np.empty((n, STATIC_FEATURES), dtype=np.int64)
+    bias = _id("bias", "", mask)
     for i in range(n):
         w = lower[i]
         form = forms[i]
         p = i + 2  # index in padded
         out[i] = (
-            _id("bias", "", mask),
+            bias,
             _id("w", w, mask),
             _id("suf3", w[-3:], mask),
             _id("suf2", w[-2:], mask),
@@ -138,11 +139,6 @@ class Tagger:
             tags.append(fixed)
             prev2, prev = prev, fixed
         return tags
-
-
-def tag_ids(tags: Sequence[str]) -> IntArray:
-    """Column of each tag in the weight array."""
-    return np.asarray([UPOS_ID[t] for t in tags], dtype=np.int64)
 
 
 def load_tagger(bundle_dir: Path, spec: TaggerSpec) -> Tagger:

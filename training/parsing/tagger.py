@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from service.extractors.parsing import UPOS, Sentence
-from service.extractors.tagging import NO_TAG, DynamicRows, Tagger, static_ids, tag_ids
+from service.extractors.parsing import UPOS, UPOS_ID, Sentence
+from service.extractors.tagging import NO_TAG, DynamicRows, Tagger, static_ids
 
 #: Weight rows of a bundle's tagger (8.9 MB of float32 at 17 tags).
 DEFAULT_TAGGER_BUCKETS = 1 << 17
@@ -39,7 +39,7 @@ def train_tagger(
     stamped = np.zeros_like(weights)  # Σ c · update, for the average
     dynamic = DynamicRows(buckets)
     static = [static_ids(s.forms, buckets) for s in sentences]
-    gold = [tag_ids(s.upos) for s in sentences]
+    gold = [[UPOS_ID[t] for t in s.upos] for s in sentences]
     rng = np.random.default_rng(seed)
     c = 1
     for epoch in range(epochs):

@@ -70,7 +70,11 @@ def test_weights_of_the_wrong_shape_are_refused(shape: tuple[int, ...]) -> None:
         Tagger(np.zeros(shape, dtype=np.float32))
 
 
-@pytest.mark.skipif(not EWT.is_dir(), reason="the shared EWT treebank is not beside this checkout")
+@pytest.mark.skipif(
+    not EWT.is_dir(),
+    reason=f"the shared EWT treebank is not beside this checkout ({EWT}): the synthetic tests "
+    "above still check the tagger",
+)
 def test_on_ewt_held_out_sentences_it_tags_like_a_greedy_perceptron() -> None:
     """1,000 training sentences, 3 epochs: held-out dev accuracy above 0.85 (the bundle's
     tagger, on all 12,542 and 10 epochs, measured 0.941 on the whole dev set); a tagger that
