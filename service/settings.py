@@ -250,6 +250,16 @@ class Settings(BaseSettings):
         "than such a plan); 0: always on a thread",
     )
 
+    contention_weight: float = Field(
+        default=12.0,
+        ge=0,
+        description="how dear a plan's features are while other requests share the process: "
+        "under deadline accounting a plan spends at most what is left / (1 + weight x the "
+        "mean number of other requests that arriving requests find in the process), never "
+        "below 0.5 ms (or twice the cheapest feature); one client at a time is untouched; 0: "
+        "off",
+    )
+
     admin_token: SecretStr | None = Field(
         default=None,
         description="enables the model management endpoints (POST /-/reload, POST "

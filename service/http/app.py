@@ -305,6 +305,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
         ),
         default_accounting=settings.accounting,
         inline_ms=settings.inline_ms,
+        contention_weight=settings.contention_weight,
     )
     LOOP_LAG.start(asyncio.get_running_loop())
     await measure_floor(state.handler, reg)

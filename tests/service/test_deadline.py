@@ -7,6 +7,8 @@ their thread CPU time does not, which is what being descheduled looks like to a 
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +20,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.cache import InProcessCache
-from service.errors import Overloaded
-from service.handler import QUEUE_INTERVAL_S, PredictHandler
+from service.errors import InvalidRequest, Overloaded
+from service.handler import (
+    CONTENDED_MIN_MS,
+    QUEUE_INTERVAL_S,
+    PredictHandler,
+    contended_share,
+)
 from service.http import create_app
 from service.metrics import Metrics
 from service.registry import Bundle, Registry, load_bundle
@@ -267,3 +274,55 @@ def test_a_burst_degrades_then_the_plans_come_back(
     # ratio moves with it: x2.2, x3.1 and x3.5 were seen for one extractor in CI-style runs;
     # the wall-time estimator gave x10-x100)
     assert max(grown.values()) < 5.0, (factors_before, factors)
+
+
+def test_a_plan_is_priced_by_the_requests_it_would_delay() -> None:
+    """``contended_share``: nothing found in the process (one client at a time) or weight 0
+    leaves a plan alone; else what is left over 1 + weight x others, never below 0.5 ms or
+    twice the cheapest feature (what is left, if less)."""
+    assert contended_share(4.0, 0.0, 12.0, 0.06) == math.inf
+    assert contended_share(4.0, 2.0, 0.0, 0.06) == math.inf
+    assert contended_share(4.0, 0.5, 12.0, 0.06) == pytest.approx(4.0 / 7.0)
+    assert contended_share(4.0, 10.0, 12.0, 0.06) == CONTENDED_MIN_MS
+    assert contended_share(4.0, 10.0, 12.0, 0.4) == pytest.approx(0.8)
+    assert contended_share(0.3, 10.0, 12.0, 0.06) == 0.3
+
+
+def test_requests_found_in_the_process_make_plans_cheaper(
+    digits_bundle: Bundle, pngs: list[str]
+) -> None:
+    """One request at a time finds no other: ``others_seen`` stays 0 and plans keep their
+    budget. Requests sent together find each other (a failing one is counted out too). A
+    process whose arrivals found two other requests on average plans a 30 ms request within
+    30 / (1 + 12 x ~2) ms, where the same process with weight 0 plans more (3.2 ms here)."""
+    digits_bundle.calibrator.reset()
+    handler = make_handler(digits_bundle, contention_weight=12.0)
+    ask_all(handler, [{"png": pngs[i], "budget": 5.0, "id": f"s{i}"} for i in range(4)])
+    assert handler.others_seen == 0.0
+
+    async def together() -> None:
+        async def one(i: int) -> None:
+            budget = 20.0 if i else -1.0  # the first fails (422) while the others run
+            with contextlib.suppress(InvalidRequest):
+                await handler.predict(
+                    "digits", {"png_base64": pngs[i], "id": f"t{i}"}, None, budget
+                )
+
+        async with anyio.create_task_group() as group:
+            for i in range(8):
+                group.start_soon(one, i)
+
+    anyio.run(together)
+    assert handler.others_seen > 0.0
+    assert handler._in_process == 0
+
+    def planned(weight: float) -> tuple[float, float]:
+        handler.contention_weight = weight
+        handler.others_seen = 2.0
+        (r,) = ask_all(handler, [{"png": pngs[9], "budget": 30.0, "id": f"w{weight}"}])
+        return r.cost.planned, 30.0 / (1.0 + weight * handler.others_seen)
+
+    cut, bound = planned(12.0)
+    assert 0.0 < cut <= bound
+    free, _ = planned(0.0)
+    assert free > bound, (free, bound)
