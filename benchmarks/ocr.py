@@ -43,7 +43,7 @@ from service.strategies.structured import (
 from training.bundles.ocr import ServedOverhead, profile_templates, write_ocr_bundle
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import train_ocr
-from training.structured.policies import myopic_states, uniform_states
+from training.structured.policies import STOP_TOLERANCE, myopic_states, uniform_states
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP = ROOT / ".bench-tmp" / "ocr"
@@ -351,7 +351,9 @@ def main(argv: list[str] | None = None) -> None:
 def _training(args: argparse.Namespace, data: OcrData) -> tuple[dict[str, float], Any]:
     """The template costs and the training, from ``--training-cache`` when it holds a
     training made with these arguments (the whole-data run takes tens of minutes)."""
-    key = (str(args.data), args.chain_words, args.policy_words, args.max_iter)
+    # (the last element: what the training does; bump it when that changes, so that a cache
+    # made before is not taken for this training)
+    key = (str(args.data), args.chain_words, args.policy_words, args.max_iter, "stop")
     cache: Path | None = args.training_cache
     if cache is not None and cache.is_file():
         with cache.open("rb") as handle:
@@ -468,6 +470,13 @@ def _write(
         answer_us=f"{overhead.answer_us:.1f}",
         loop_us=f"{overhead.decode_us - overhead.answer_us:.1f}",
         ratio=f"{(overhead.policy_us + overhead.answer_us) / hog_run_us:.0%}",
+        stop=(
+            "never stopping before its budget (no threshold kept its accuracy)"
+            if train.anytime.stop_below is None
+            else f"stopping before its budget once π_t's best pair scores below "
+            f"{train.anytime.stop_below:g}, the highest threshold that cost at most "
+            f"{STOP_TOLERANCE} of accuracy with every budget on the policy words"
+        ),
         training=(
             f"the deployed chain is fitted on all {len(train.train_words)} training words (the "
             "paper's 90 %)"

@@ -907,11 +907,18 @@ class StructuredAnytimeStrategy(_StructuredStrategy):
     name: str = "structured-anytime"
     optional: list[str] = Field(min_length=1, description="templates the policy adds")
     steps: int = Field(ge=1)
+    stop_below: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="Alg. 2 stops at the first step whose best pair scores below this, "
+        "before the budget is spent (an item the policies see as done); null: never",
+    )
 
     def summary(self) -> dict[str, Any]:
         out = self._summary()
         out["optional"] = self.optional
         out["steps"] = self.steps
+        out["stop_below"] = self.stop_below
         return out
 
 

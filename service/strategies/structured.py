@@ -508,12 +508,14 @@ class AnytimeSession(StructuredSession):
 
     def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
         """Alg. 2's whole sequence: at step t (t = optional pairs in hand), π_t's best pair
-        not in hand; ties go to the first template, then the first part. The scores come
-        from S0 and do not change as pairs are bought, so the sequence is known before the
-        first of them (the request loop stops it where the budget runs out). Plain lists:
-        a word has at most a few dozen pairs, where loops beat array calls."""
+        not in hand; ties go to the first template, then the first part; it ends at the
+        first step whose best pair scores below the strategy's ``stop_below``. The scores
+        come from S0 and do not change as pairs are bought, so the sequence is known before
+        the first of them (the request loop stops it where the budget runs out). Plain
+        lists: a word has at most a few dozen pairs, where loops beat array calls."""
         assert self.scores is not None
         rt = self.anytime
+        stop = -np.inf if rt.spec.stop_below is None else rt.spec.stop_below
         have = [
             [rt.names_at[k][p] in obs.features for p in range(self.size)] for k in rt.optional_k
         ]
@@ -529,7 +531,7 @@ class AnytimeSession(StructuredSession):
                 for p in range(self.size):
                     if not held[p] and col[p] > best_score:
                         best_score, best = col[p], (j, p)
-            if best is None:
+            if best is None or best_score < stop:
                 break
             j, p = best
             have[j][p] = True

@@ -158,8 +158,13 @@ def test_one_shot_points_below_the_richest_serve_their_own_policies(
 
 
 def test_anytime_acquires_in_the_trained_order(trained: Trained, client: TestClient) -> None:
+    """The served sequence is the trained Alg. 2's, its stop included (the bundle carries
+    the threshold training chose, and GET /models/{name} shows it)."""
     policy = trained.train.anytime
     ts = trained.train.templates
+    described = client.get("/models/ocr").json()["strategies"]
+    (anytime,) = [s for s in described if s["kind"] == "structured-anytime"]
+    assert anytime["stop_below"] == policy.stop_below
     for i, w in enumerate(trained.words):
         body = _ask(
             client,
@@ -302,13 +307,15 @@ def test_a_budget_for_pixels_and_decoding_but_not_the_policy_gets_every_letters_
 ) -> None:
     """The policy's reserve is only needed when the policy runs: a budget that pays the
     base templates and decoding answers from the pixels (not from the label prior), and
-    one that also pays the policy and a HOG buys HOG."""
+    one that also pays the policy and a HOG buys HOG (the anytime policy's first pair,
+    unless its stop ends the word at once)."""
     bundle = load_bundle(trained.folder, 1 << 22)
     runtime = bundle.strategy(strategy)
     spec = runtime.spec
     assert isinstance(spec, StructuredOneShotStrategy | StructuredAnytimeStrategy)
     assert spec.policy_cost > 0.0 and spec.decode_cost > 0.0
     ts = trained.train.templates
+    bought = 0
     for i, w in enumerate(trained.words[:6]):
         item = bundle.decoder.decode({"letters": _letters(trained.data, w)})
         n = item.size
@@ -343,7 +350,12 @@ def test_a_budget_for_pixels_and_decoding_but_not_the_policy_gets_every_letters_
         )
         assert isinstance(run.session, StructuredSession) and run.session.scores is not None
         if strategy == "structured-anytime":  # the one-shot point may choose no HOG
-            assert len(_hogs(list(run.acquired))) >= 1
+            # the first of the policy's pairs, unless its stop ends the word before any
+            order = trained.train.anytime.order(trained.problem.policy_inputs(i), ts.initial(n))
+            assert _hogs(list(run.acquired)) == [p for p, _ in order[:1]]
+            bought += len(order[:1])
+    if strategy == "structured-anytime":
+        assert bought > 0, "no word bought a HOG: the budget that pays one was not checked"
 
 
 def test_v2_infer_takes_words_as_json_item_elements(trained: Trained, client: TestClient) -> None:

@@ -300,6 +300,7 @@ def write_ocr_bundle(
                 policy_file="policy_anytime.onnx",
                 optional=[ts.names[k] for k in ts.optional],
                 steps=train.anytime.steps,
+                stop_below=train.anytime.stop_below,
                 **common,
             )
             extractors = [

@@ -22,6 +22,7 @@ from training.structured.policies import (
     AnytimePolicy,
     OneShotPolicy,
     Standardiser,
+    choose_stop,
     fit_anytime,
     fit_one_shot,
     greedy_trajectories,
@@ -127,6 +128,7 @@ def train_ocr(
     t0 = time.perf_counter()
     say("anytime policies (Alg. 1)")
     anytime = fit_anytime(problem, standardiser, lam=anytime_lambda)
+    anytime.stop_below = choose_stop(anytime, problem)
     seconds["anytime"] = time.perf_counter() - t0
     order = getattr(problem, "words", policy_set)
     return OcrTraining(

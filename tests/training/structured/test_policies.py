@@ -9,7 +9,11 @@ import numpy.typing as npt
 
 from training.structured.chain import ChainParams
 from training.structured.policies import (
+    STOP_GRID,
+    STOP_TOLERANCE,
+    AnytimePolicy,
     Standardiser,
+    choose_stop,
     fit_anytime,
     fit_one_shot,
     greedy_trajectories,
@@ -109,6 +113,49 @@ def test_anytime_policy_acquires_hard_parts_first() -> None:
         start = ts.initial(test.parts(i))
         state = policy.run(test.policy_inputs(i), start, ts, ts.cost(start) + 5.0)
         assert state[:, 1].sum() == 1
+
+
+def test_the_anytime_stop_keeps_the_known_optimum_and_spends_less() -> None:
+    """On the synthetic task the optimum is known: the rich template on the hard parts
+    only. Without a stop, Alg. 2 with every budget buys it on every part; with the stop
+    chosen on the training examples it buys exactly the hard parts of held-out examples
+    (no error); on the training examples the threshold chosen is the highest of the grid that
+    keeps training accuracy, the next one up costs more than the tolerance."""
+    train, test = synthetic(150, seed=3), synthetic(60, seed=4)
+    standardiser = Standardiser.fit(np.concatenate(train.inputs))
+    policy = fit_anytime(train, standardiser)
+    assert choose_stop(policy, train) in STOP_GRID
+    # a grid reaching thresholds that stop before hard parts: the highest kept is chosen
+    grid = tuple(float(g) for g in np.arange(-4.0, 30.01, 0.5))
+    stop = choose_stop(policy, train, grid=grid)
+    assert stop is not None and stop < max(grid)
+    stopped = AnytimePolicy(policy.lam, policy.optional, policy.scorer, policy.steps, [], stop)
+    ts = test.templates
+    for i in range(test.n_examples):
+        start = ts.initial(test.parts(i))
+        everything = policy.run(test.policy_inputs(i), start, ts, np.inf)
+        assert everything[:, 1].all()
+        state = stopped.run(test.policy_inputs(i), start, ts, np.inf)
+        assert (state[:, 1] == _hard(test, i)).all()
+        order = stopped.order(test.policy_inputs(i), start)
+        assert order == policy.order(test.policy_inputs(i), start)[: len(order)]
+    idx = list(range(train.n_examples))
+    starts = [train.templates.initial(train.parts(i)) for i in idx]
+
+    def errors(rule: AnytimePolicy) -> float:
+        states = [
+            rule.run(train.policy_inputs(i), s, train.templates, np.inf)
+            for i, s in zip(idx, starts, strict=True)
+        ]
+        return float(train.losses(idx, states, soft=False).sum())
+
+    letters = sum(train.parts(i) for i in idx)
+    assert errors(policy) == 0.0 and errors(stopped) / letters <= STOP_TOLERANCE
+    # the next threshold up stops before hard parts: more than the tolerance is lost
+    up = AnytimePolicy(policy.lam, policy.optional, policy.scorer, policy.steps, [], stop + 0.5)
+    assert errors(up) / letters > STOP_TOLERANCE
+    # no threshold can keep the accuracy when none may be lost and every one stops too soon
+    assert choose_stop(policy, train, grid=(100.0,), tolerance=0.0) is None
 
 
 def test_baselines() -> None:
