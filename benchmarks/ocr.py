@@ -41,9 +41,10 @@ from service.strategies.structured import (
     StructuredSession,
 )
 from training.bundles.ocr import ServedOverhead, profile_templates, write_ocr_bundle
+from training.structured.baselines import myopic_states, uniform_states
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import train_ocr
-from training.structured.policies import STOP_TOLERANCE, myopic_states, uniform_states
+from training.structured.policies import STOP_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP = ROOT / ".bench-tmp" / "ocr"

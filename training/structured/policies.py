@@ -13,9 +13,9 @@
   (:meth:`AnytimePolicy.run`) applies them until the budget is spent, or (our addition,
   :func:`choose_stop`) until π_t's best pair scores below a threshold chosen on the policy
   examples: an example the policies see as done stops buying before its budget is spent.
-* :func:`uniform_states`, :func:`myopic_states` — the paper's baselines: random part-level
-  actions, and "cheap features everywhere, all expensive ones when the size-normalised
-  confidence is below a threshold".
+
+The paper's baselines (uniform and myopic selection) are in
+:mod:`training.structured.baselines`.
 
 Policies are linear scorers on standardised per-part inputs (:class:`LinearScorer`), the
 form exported to ONNX.
@@ -435,33 +435,3 @@ def choose_stop(
         if accuracy(stop) >= floor:
             return float(stop)
     return None
-
-
-# ---------------------------------------------------------------------------- baselines
-
-
-def uniform_states(
-    problem: StructuredProblem, fraction: float, rng: np.random.Generator
-) -> list[Bool]:
-    """Each optional (part, template) pair acquired independently with probability
-    ``fraction`` (the paper's uniform policy: random part-level actions)."""
-    ts = problem.templates
-    out = []
-    for i in range(problem.n_examples):
-        s = ts.initial(problem.parts(i))
-        for k in ts.optional:
-            s[:, k] |= rng.random(len(s)) < fraction
-        out.append(s)
-    return out
-
-
-def myopic_states(problem: StructuredProblem, threshold: float) -> tuple[list[Bool], F64]:
-    """Run the predictor on S0; examples whose size-normalised confidence is below
-    ``threshold`` get every template on every part (whole-example selection). Returns the
-    states and the S0 confidences."""
-    ts = problem.templates
-    idx = list(range(problem.n_examples))
-    start = [ts.initial(problem.parts(i)) for i in idx]
-    conf = problem.confidence(idx, start)
-    states = [ts.full(len(s)) if c < threshold else s for s, c in zip(start, conf, strict=True)]
-    return states, conf

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import numpy.typing as npt
 
+from training.structured.baselines import myopic_states, uniform_states
 from training.structured.chain import ChainParams
 from training.structured.policies import (
     STOP_GRID,
@@ -17,8 +18,6 @@ from training.structured.policies import (
     fit_anytime,
     fit_one_shot,
     greedy_trajectories,
-    myopic_states,
-    uniform_states,
 )
 from training.structured.problem import ChainProblem
 from training.structured.state import Template, TemplateSet, additions
