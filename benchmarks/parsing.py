@@ -532,12 +532,7 @@ def write_report(
     lines += prose(
         "parsing",
         "goals",
-        all_pos_uas=f"{100 * all_pos.uas:.2f}",
-        all_pos_ms=f"{all_pos.mean_ms:.2f}",
-        all_full_uas=f"{100 * all_full.uas:.2f}",
-        all_full_ms=f"{all_full.mean_ms:.2f}",
-        all_full_f_uas=f"{100 * all_full_f.uas:.2f}",
-        all_full_f_ms=f"{all_full_f.mean_ms:.2f}",
+        **_uas_ms(all_pos=all_pos, all_full=all_full, all_full_f=all_full_f),
         ceiling=f"{all_full.mean_ms / all_pos.mean_ms:.2f}",
         chosen=v[0],
         chosen_uas=v[1],
@@ -579,10 +574,7 @@ def _tagged_goal(
         words=data_words,
         tag_dev=f"{100 * (tagger.accuracy or float('nan')):.2f}",
         tag_ms=f"{float(np.mean(pos.tag_ms + full.tag_ms)):.2f}",
-        pos_uas=f"{100 * pos.uas:.2f}",
-        pos_ms=f"{pos.mean_ms:.2f}",
-        full_uas=f"{100 * full.uas:.2f}",
-        full_ms=f"{full.mean_ms:.2f}",
+        **_uas_ms(pos=pos, full=full),
         chosen=at,
         loss=f"{100 * (gold_full.uas - full.uas):.2f}",
     )
@@ -594,15 +586,21 @@ def _tagged_goal(
     return lines + prose(
         "parsing",
         "retrained",
-        pos_uas=f"{100 * again['uniform-word-p0'].uas:.2f}",
-        pos_ms=f"{again['uniform-word-p0'].mean_ms:.2f}",
-        full_uas=f"{100 * r_full.uas:.2f}",
-        full_ms=f"{r_full.mean_ms:.2f}",
+        **_uas_ms(pos=again["uniform-word-p0"], full=r_full),
         gain=f"{100 * (r_full.uas - full.uas):+.2f}",
         chosen=_point(again.get(chosen.point) if chosen is not None else None, r_full),
         gold_uas=f"{100 * gold_again[0].uas:.2f}",
         gold_loss=f"{100 * (gold_full.uas - gold_again[0].uas):.2f}",
     )
+
+
+def _uas_ms(**runs: Run) -> dict[str, str]:
+    """The report's ``{name}_uas`` (%) and ``{name}_ms`` fields of each run."""
+    out = {}
+    for name, run in runs.items():
+        out[f"{name}_uas"] = f"{100 * run.uas:.2f}"
+        out[f"{name}_ms"] = f"{run.mean_ms:.2f}"
+    return out
 
 
 def _point(point: Run | None, full: Run) -> str:
