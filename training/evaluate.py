@@ -32,17 +32,17 @@ class EvalPoint:
 def digit_split(seed: int = 0, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices into scikit-learn's ``load_digits`` of the train and held-out digits of a
     digits build made with ``seed`` and ``limit`` (:func:`training.bundles.digits.
-    digits_features` renders each source digit once, at one side, in the permuted order;
-    :func:`~training.bundles.digits.split_rows` keeps the first 80 % for training and
-    cross-validation). A digit not in the train indices was never seen at any side."""
+    digits_features` renders each source digit once, at one side, in the order of
+    :func:`~training.bundles.digits.digit_order`; :func:`~training.bundles.digits.split_rows`
+    keeps the first 80 % for training and cross-validation). The held-out digits are the last
+    20 % of scikit-learn's digits (without ``limit``); a digit not in the train indices was
+    never seen at any side."""
     from sklearn.datasets import load_digits
 
-    from training.bundles.digits import split_rows
+    from training.bundles.digits import digit_order, split_rows
 
     n = len(load_digits().target)
-    order = np.random.default_rng(seed).permutation(n)
-    if limit is not None:
-        order = order[:limit]
+    order = digit_order(n, np.random.default_rng(seed), limit)
     train, test = split_rows(len(order))
     return order[train], order[test]
 

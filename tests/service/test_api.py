@@ -451,16 +451,18 @@ def test_not_ready_without_bundles(tmp_path: Path) -> None:
 
 class FailsOnBrightImages:
     """A real extractor plugin (registered by hand, not through entry points) that refuses
-    bright images after doing its work: a request it fails must cache nothing."""
+    bright images after doing its work: a request it fails must cache nothing. It wraps
+    ``hog``, which every plan of the tiny bundle with a large budget computes after
+    ``thumbnail`` (its most accurate models read both)."""
 
-    name = "histogram"
+    name = "hog"
     version = "1"
     item_kind = "image"
 
     def __init__(self) -> None:
-        from service.extractors.builtin import IntensityHistogram
+        from service.extractors.base import create_extractor
 
-        self._inner = IntensityHistogram()
+        self._inner = create_extractor("hog")
 
     @property
     def dims(self) -> int:
@@ -477,7 +479,7 @@ def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) 
     from service.registry import Registry, load_bundle
 
     bundle = load_bundle(tiny_bundle_dir, max_pixels=1 << 20)
-    bundle.extractors["histogram"] = FailsOnBrightImages()  # type: ignore[assignment]
+    bundle.extractors["hog"] = FailsOnBrightImages()  # type: ignore[assignment]
     cache = InProcessCache(1 << 20)
     app = create_app(
         Settings(models_dir=tiny_bundle_dir.parent, overhead_reserve_ms=0.0),
@@ -491,7 +493,7 @@ def test_request_failing_after_extraction_caches_nothing(tiny_bundle_dir: Path) 
         )
         assert r.status_code == 422, r.text
         assert r.json()["error"]["type"] == "extraction_failed"
-        assert "histogram" in r.json()["error"]["message"]
+        assert "hog" in r.json()["error"]["message"]
         assert len(cache) == 0, "features computed before the failure must not be cached"
         ok = client.post(
             "/predict", json={"model": "tiny", "item": {"png_base64": GOOD}, "budget": 1000}

@@ -293,8 +293,8 @@ def test_requests_found_in_the_process_make_plans_cheaper(
 ) -> None:
     """One request at a time finds no other: ``others_seen`` stays 0 and plans keep their
     budget. Requests sent together find each other (a failing one is counted out too). A
-    process whose arrivals found two other requests on average plans a 30 ms request within
-    30 / (1 + 12 x ~2) ms, where the same process with weight 0 plans more (3.2 ms here)."""
+    process whose arrivals found four other requests on average plans a 30 ms request within
+    30 / (1 + 12 x 4) ms, where the same process with weight 0 plans more (1.2 ms here)."""
     digits_bundle.calibrator.reset()
     handler = make_handler(digits_bundle, contention_weight=12.0)
     ask_all(handler, [{"png": pngs[i], "budget": 5.0, "id": f"s{i}"} for i in range(4)])
@@ -318,7 +318,7 @@ def test_requests_found_in_the_process_make_plans_cheaper(
 
     def planned(weight: float) -> tuple[float, float]:
         handler.contention_weight = weight
-        handler.others_seen = 2.0
+        handler.others_seen = 4.0
         (r,) = ask_all(handler, [{"png": pngs[9], "budget": 30.0, "id": f"w{weight}"}])
         return r.cost.planned, 30.0 / (1.0 + weight * handler.others_seen)
 

@@ -51,6 +51,7 @@ __all__ = [
     "FeatureData",
     "LatticeEvaluator",
     "build_bundle",
+    "digit_order",
     "digits_features",
     "make_extractors",
     "make_strategies",
@@ -72,10 +73,27 @@ def make_extractors(names: Sequence[str] = DIGITS_EXTRACTORS) -> list[Extractor]
 
 
 def split_rows(n: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Row positions of the 80 / 20 train / test split (rows are already shuffled)."""
+    """Row positions of the 80 / 20 train / test split (rows are in :func:`digit_order`)."""
     idx = np.arange(n, dtype=np.int64)
     n_train = int(0.8 * n)
     return idx[:n_train], idx[n_train:]
+
+
+def digit_order(
+    n: int, rng: np.random.Generator, limit: int | None = None
+) -> npt.NDArray[np.int64]:
+    """The indices of scikit-learn's ``n`` digits a build renders, in row order: a seeded
+    permutation of the first 80 % (training and cross-validation), then the last 20 % in
+    index order, which :func:`split_rows` holds out. So the held-out digits are the last
+    20 % of scikit-learn's digits, whatever the seed. With ``limit`` (quick builds), 80 % of
+    ``limit`` rows from the first part and the rest from the held-out part."""
+    cut = int(0.8 * n)
+    head = rng.permutation(cut)
+    tail = np.arange(cut, n)
+    if limit is not None:
+        rows = min(limit, n)
+        head, tail = head[: int(0.8 * rows)], tail[: rows - int(0.8 * rows)]
+    return np.concatenate([head, tail]).astype(np.int64)
 
 
 def digits_features(
@@ -95,9 +113,7 @@ def digits_features(
     images8 = np.asarray(digits.images, dtype=np.float64)
     labels = np.asarray(digits.target, dtype=np.int64)
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(labels))
-    if limit is not None:
-        order = order[:limit]
+    order = digit_order(len(labels), rng, limit)
     images8, labels = images8[order], labels[order]
     chosen = rng.choice(np.asarray(sides, dtype=np.int64), size=len(labels))
     blocks = {e.name: np.zeros((len(labels), e.dims), dtype=np.float32) for e in extractors}
@@ -108,7 +124,12 @@ def digits_features(
         progress("extract", i + 1, len(labels))
     train, test = split_rows(len(labels))
     h = hashlib.sha256(digits.images.astype(np.float64).tobytes())
-    h.update(json.dumps({"sides": list(map(int, sides)), "seed": seed, "limit": limit}).encode())
+    held_out = "last 20 %"  # of scikit-learn's digits (digit_order)
+    h.update(
+        json.dumps(
+            {"sides": list(map(int, sides)), "seed": seed, "limit": limit, "held_out": held_out}
+        ).encode()
+    )
     return FeatureData(
         names=[e.name for e in extractors],
         blocks=blocks,
