@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
+import functools
 import io
 import json
 import os
@@ -211,17 +212,28 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess
     )
 
 
+@functools.cache
+def _digits_models_dir() -> Path:
+    """A models folder holding the digits bundle alone (a symlink): the service serves what
+    it finds, and other bundles built into models/ (OCR, parsers) would be loaded too, or
+    refused by an older build's code (``--before``), which then never becomes ready."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    (folder / BUNDLE.name).symlink_to(BUNDLE, target_is_directory=True)
+    return folder
+
+
 def start_service(workers: int | None = None, code: Path = ROOT, **env: str) -> Server:
-    """budgetserve with its defaults (``workers``: BUDGETSERVE_WORKERS, else the default)."""
+    """budgetserve with its defaults (``workers``: BUDGETSERVE_WORKERS, else the default),
+    serving the digits bundle."""
     port = _free_port()
-    environ = dict(
-        os.environ,
-        BUDGETSERVE_PORT=str(port),
-        BUDGETSERVE_HOST="127.0.0.1",
-        BUDGETSERVE_MODELS_DIR=str(ROOT / "models"),
-        PYTHONPATH=str(code),
+    environ = {
+        **os.environ,
+        "BUDGETSERVE_PORT": str(port),
+        "BUDGETSERVE_HOST": "127.0.0.1",
+        "BUDGETSERVE_MODELS_DIR": str(_digits_models_dir()),
+        "PYTHONPATH": str(code),
         **env,
-    )
+    }
     if workers is not None:
         environ["BUDGETSERVE_WORKERS"] = str(workers)
     environ.pop("REDIS_URL", None)
@@ -741,10 +753,15 @@ def summarize(collapsed: str, top: int = 8) -> list[str]:
 
 
 def profile(items: Items, code: Path, duration_s: float, label: str) -> list[str]:
+    """A py-spy profile of the service in ``code`` under 4 clients at a 1 ms budget; a tree
+    from :func:`checkout` serves its own revision's digits bundle (an older service may not
+    read a newer manifest)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         return [f"({label}: py-spy is not installed)"]
-    service = start_service(1, code=code)
+    own = code / "models"
+    env = {"BUDGETSERVE_MODELS_DIR": str(own)} if (own / "digits").is_dir() else {}
+    service = start_service(1, code=code, **env)
     try:
         wait_ready([service])
         t = items.templates(service, 1.0)
@@ -782,9 +799,10 @@ def profile(items: Items, code: Path, duration_s: float, label: str) -> list[str
 
 
 def checkout(ref: str, into: Path) -> Path:
-    """The tree of git revision ``ref`` (its ``service`` package), unpacked under ``into``."""
+    """The tree of git revision ``ref`` (its ``service`` package and its digits bundle),
+    unpacked under ``into``."""
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", ref, "service"],
+        ["git", "archive", "--format=tar", ref, "service", "models/digits"],
         cwd=ROOT,
         capture_output=True,
         check=True,
