@@ -202,6 +202,7 @@ class PredictHandler:
         # The standing-queue detector of ``_admit_by_deadline``.
         self._interval_start = time.perf_counter()
         self._interval_min = math.inf
+        self._interval_seen = 0
         self._standing = False
 
     @property
@@ -298,7 +299,8 @@ class PredictHandler:
         returns the features to write back to the cache. ``accounting``: ``"deadline"`` or
         ``"work"`` (class docstring; None: the default); ``received``: the
         ``perf_counter()`` at which the request arrived (None: now); ``tolerance``: the
-        strategy's per-request tolerance (tabular adaptive strategies; None: the bundle's);
+        strategy's per-request tolerance (tabular adaptive strategies, structured anytime; None:
+        the bundle's);
         ``budget_mode``: ``"cap"`` (None: the default) or ``"mean"`` (the budget an average,
         this item capped by ``max_cost`` or every sensor's cost; see :meth:`_mean_mode`);
         ``observe``: count it in the metrics (not the service's own start-up measurement)."""
@@ -555,10 +557,15 @@ class PredictHandler:
         now = time.perf_counter()
         late_ms = (now - received) * 1e3  # the receipt is dated back by the loop's lag
         if now - self._interval_start > QUEUE_INTERVAL_S:
-            self._standing = self._interval_min > QUEUE_TARGET_MS
-            self._interval_start, self._interval_min = now, late_ms
+            # One request alone in an interval shows no queue (a sparse client, a fresh
+            # process's cold first request, whose lateness is its own slow path): without
+            # this a single client's next requests were planned within 1 ms and a small
+            # budget was refused, on an idle server.
+            self._standing = self._interval_seen > 1 and self._interval_min > QUEUE_TARGET_MS
+            self._interval_start, self._interval_min, self._interval_seen = now, late_ms, 1
         else:
             self._interval_min = min(self._interval_min, late_ms)
+            self._interval_seen += 1
         reserve = self.floor.reserve_ms()
         if not self._standing or budget < self.floor.overhead_ms() or late_ms + reserve <= budget:
             return

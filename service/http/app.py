@@ -33,7 +33,7 @@ from service.http.state import AppState
 from service.loop_lag import LOOP_LAG
 from service.management import ModelManager, snapshot
 from service.metrics import Metrics
-from service.registry import CalibrationSettings, Registry, load_registry
+from service.registry import WARM_ITEMS, CalibrationSettings, Registry, load_registry
 from service.schemas import BatchPredictResponse, PredictResponse
 from service.server import CONNECTION, extraction_threads
 from service.settings import Settings
@@ -334,19 +334,29 @@ FLOOR_SAMPLES, FLOOR_WARM_UP = 32, 8
 
 async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
     """Measure the service's own cost on this machine before the first request: answer
-    ``FLOOR_SAMPLES`` requests for a blank image of the first image bundle with measured
-    costs, at a budget too small to buy a feature (decoding, the cache read, the fallback's
-    answer, encoding), so ``GET /models/{name}`` shows a measured floor from the start and
-    the first requests plan with a measured reserve. The samples are the floor's only; no
+    ``FLOOR_SAMPLES`` requests for a blank item of the first bundle with measured costs (an
+    image bundle's if there is one, else a word's or a sentence's: ``WARM_ITEMS``), at a
+    budget too small to buy a feature (decoding, the cache read, the fallback's answer,
+    encoding), so ``GET /models/{name}`` shows a measured floor from the start and the first
+    requests plan with a measured reserve (without these samples, a server of structured
+    bundles alone took its reserve from its first live answers, where one cold answer was
+    the p95 and priced every budget under it out). The samples are the floor's only; no
     metric or log line counts them. Live answers then keep the floor current."""
-    for name, bundle in registry.bundles.items():
+    measured = [
+        (name, bundle)
+        for name, bundle in registry.bundles.items()
+        if bundle.manifest.cost_basis == "measured"
+        and (bundle.manifest.item.kind == "image" or bundle.manifest.item.kind in WARM_ITEMS)
+    ]
+    measured.sort(key=lambda pair: pair[1].manifest.item.kind != "image")
+    for name, bundle in measured[:1]:
         manifest = bundle.manifest
-        if manifest.item.kind != "image" or manifest.cost_basis != "measured":
-            continue
-        side = max(manifest.item.min_side, 32)
-        png = io.BytesIO()
-        Image.new("L", (side, side)).save(png, format="PNG")
-        item = {"png_base64": base64.b64encode(png.getvalue()).decode()}
+        item: dict[str, Any] = WARM_ITEMS.get(manifest.item.kind, {})
+        if manifest.item.kind == "image":
+            side = max(manifest.item.min_side, 32)
+            png = io.BytesIO()
+            Image.new("L", (side, side)).save(png, format="PNG")
+            item = {"png_base64": base64.b64encode(png.getvalue()).decode()}
         try:
             for k in range(FLOOR_WARM_UP + FLOOR_SAMPLES):
                 received = time.perf_counter()
@@ -363,4 +373,3 @@ async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
                     handler.answered(response, time.perf_counter())
         except Exception:  # the floor is then measured from the first answers instead
             log.warning("could not measure the floor at start-up on %r", name, exc_info=True)
-        return

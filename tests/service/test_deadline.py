@@ -78,6 +78,24 @@ def ask_all(handler: PredictHandler, requests: list[dict[str, Any]]) -> list[Pre
     return anyio.run(run)
 
 
+def test_a_lone_late_request_is_no_standing_queue(digits_bundle: Bundle, pngs: list[str]) -> None:
+    """CoDel's standing queue is one that every request of a whole interval waited behind. A
+    fresh process (nothing seen yet) has none, and one late request alone in an interval
+    (a sparse client, a cold first request) shows none: the next request, late too, is
+    answered from what it has (not refused), and one on time plans its whole budget."""
+    digits_bundle.calibrator.reset()
+    handler = make_handler(digits_bundle)
+    time.sleep(QUEUE_INTERVAL_S * 1.2)  # a fresh process, idle for an interval
+    late = {"png": pngs[0], "budget": 5.0, "received_ago_s": 0.0046}
+    (first,) = ask_all(handler, [{**late, "id": "lone0"}])
+    assert first.answered_by == "prior" and not handler._standing
+    time.sleep(QUEUE_INTERVAL_S * 1.2)  # an interval whose one request came late
+    (second,) = ask_all(handler, [{**late, "id": "lone1"}])
+    assert second.answered_by == "prior" and not handler._standing
+    (on_time,) = ask_all(handler, [{"png": pngs[1], "budget": 20.0, "id": "lone2"}])
+    assert on_time.cost.planned > handler.inline_ms, on_time.cost.planned
+
+
 def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[str]) -> None:
     """The same request, received 4.6 ms before the handler sees it, with a 5 ms budget:
     counted as a deadline, what is left cannot pay for the reserve of an answer (0.5 ms
@@ -88,10 +106,11 @@ def test_a_deadline_counts_from_the_receipt(digits_bundle: Bundle, pngs: list[st
     digits_bundle.calibrator.reset()
     handler = make_handler(digits_bundle)
     late = {"png": pngs[0], "budget": 5.0, "received_ago_s": 0.0046}
-    (burst,) = ask_all(handler, [{**late, "id": "d0"}])
-    assert burst.answered_by == "prior" and burst.cost.extracted == []
-    assert burst.timings_ms.queued == 0.0 and burst.cost.spent >= 4.6
-    assert burst.deadline_exceeded == (burst.cost.spent > 5.0)
+    burst = ask_all(handler, [{**late, "id": "d0"}, {**late, "id": "d0a"}])
+    for answer in burst:
+        assert answer.answered_by == "prior" and answer.cost.extracted == []
+        assert answer.timings_ms.queued == 0.0 and answer.cost.spent >= 4.6
+        assert answer.deadline_exceeded == (answer.cost.spent > 5.0)
     time.sleep(QUEUE_INTERVAL_S * 1.2)  # every request of an interval came late: standing
     with pytest.raises(Overloaded, match="standing queue") as refused:
         ask_all(handler, [{**late, "id": "d0b"}])
