@@ -899,6 +899,16 @@ class StructuredOneShotStrategy(_StructuredStrategy):
         return out
 
 
+class StopPoint(_Strict):
+    """One row of an anytime strategy's stop table: the threshold training chose for a
+    tolerance (the accuracy with every budget it may cost on the policy examples)."""
+
+    tolerance: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    stop_below: float | None = Field(
+        default=None, allow_inf_nan=False, description="null: no threshold kept that accuracy"
+    )
+
+
 class StructuredAnytimeStrategy(_StructuredStrategy):
     """Paper 004's anytime policy (Alg. 1/2): π_t adds the (part, template) pair of highest
     score in column ``t * len(optional) + j``; steps past ``steps`` use the last policy."""
@@ -913,12 +923,29 @@ class StructuredAnytimeStrategy(_StructuredStrategy):
         description="Alg. 2 stops at the first step whose best pair scores below this, "
         "before the budget is spent (an item the policies see as done); null: never",
     )
+    stops: list[StopPoint] = Field(
+        default_factory=list,
+        description="the threshold for each tolerance a request may send (by tolerance, "
+        "ascending; a request's threshold is that of the largest tolerance at most its own, "
+        "none: no stop); empty: requests cannot set a tolerance",
+    )
+
+    @model_validator(mode="after")
+    def _stops_ascending(self) -> StructuredAnytimeStrategy:
+        tolerances = [p.tolerance for p in self.stops]
+        if tolerances != sorted(set(tolerances)):
+            raise ValueError(
+                f"strategy {self.name!r}: stops must have distinct tolerances in ascending "
+                f"order, got {tolerances}"
+            )
+        return self
 
     def summary(self) -> dict[str, Any]:
         out = self._summary()
         out["optional"] = self.optional
         out["steps"] = self.steps
         out["stop_below"] = self.stop_below
+        out["stops"] = [p.model_dump() for p in self.stops]
         return out
 
 

@@ -44,7 +44,8 @@ BudgetMode = Annotated[
         "with `budget`"
     ),
 ]
-#: A tabular adaptive strategy's per-request tolerance (single requests and batch items).
+#: A per-request tolerance (single requests and batch items): tabular adaptive strategies and
+#: the structured anytime one.
 Tolerance = Annotated[
     float | None,
     Field(
@@ -54,8 +55,9 @@ Tolerance = Annotated[
         strict=True,
         description="tabular adaptive strategies (dag, gating, cstc): serve the cheapest "
         "point whose validation accuracy is within this much of the best the budget affords "
-        "(0: the most accurate). Absent: the bundle's; other strategies refuse it (422). In a "
-        "batch, each item's",
+        "(0: the most accurate); structured-anytime: stop buying templates where training "
+        "lost at most this much accuracy by stopping (0: the top; its bundle's stop table). "
+        "Absent: the bundle's; other strategies refuse it (422). In a batch, each item's",
     ),
 ]
 MaxCost = Annotated[

@@ -23,6 +23,11 @@ part (a cached template is free). Per request the session
    template not already scored for the policy), decodes the word exactly (Viterbi) and
    computes per-part marginals (those of S0 again when nothing was added).
 
+Anytime, a word ends early when π_t's best pair scores below the strategy's threshold
+(``stop_below``, chosen in training for the bundle's tolerance); a request that sends its own
+``tolerance`` (the accuracy with every budget it accepts to lose for time; 0: the top) gets
+the threshold of the strategy's stop table for it (``StructuredAnytimeRuntime.stop_below``).
+
 The chain's passes (Viterbi, forward-backward, the policy's inputs) run as compiled kernels
 (:mod:`service.strategies.chain_kernels`, loaded with the first structured bundle): on a
 word's few letters numpy's per-call cost made policy and decoding half a HOG template.
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Generic
+from typing import Any, ClassVar, Generic
 
 import numpy as np
 import numpy.typing as npt
@@ -509,13 +514,14 @@ class AnytimeSession(StructuredSession):
     def plan_pairs(self, obs: Observation) -> list[tuple[int, int]]:
         """Alg. 2's whole sequence: at step t (t = optional pairs in hand), π_t's best pair
         not in hand; ties go to the first template, then the first part; it ends at the
-        first step whose best pair scores below the strategy's ``stop_below``. The scores
+        first step whose best pair scores below the runtime's threshold (``stop_below``). The scores
         come from S0 and do not change as pairs are bought, so the sequence is known before
         the first of them (the request loop stops it where the budget runs out). Plain
         lists: a word has at most a few dozen pairs, where loops beat array calls."""
         assert self.scores is not None
         rt = self.anytime
-        stop = -np.inf if rt.spec.stop_below is None else rt.spec.stop_below
+        threshold = rt.stop_below()
+        stop = -np.inf if threshold is None else threshold
         have = [
             [rt.names_at[k][p] in obs.features for p in range(self.size)] for k in rt.optional_k
         ]
@@ -548,6 +554,26 @@ class StructuredAnytimeRuntime(
     _StructuredRuntime[StructuredAnytimeStrategy], StrategyRuntime[StructuredAnytimeStrategy]
 ):
     kind = "structured-anytime"
+    #: A request's tolerance picks its stop from the strategy's stop table.
+    request_options: ClassVar[frozenset[str]] = frozenset({"tolerance"})
+    tolerance: float | None = None
+
+    def with_options(self, **options: Any) -> StrategyRuntime[StructuredAnytimeStrategy]:
+        if "tolerance" in options and not self.spec.stops:
+            raise ValueError(
+                f"strategy {self.name!r} has no stop table (a bundle built before it had "
+                "one): a request cannot set its tolerance; rebuild the bundle, or send none"
+            )
+        return super().with_options(**options)
+
+    def stop_below(self) -> float | None:
+        """Alg. 2's stop for this request: the bundle's (``spec.stop_below``) without a
+        tolerance; with one, the threshold of the largest tolerance of the stop table at
+        most it (None, no stop, when even the smallest is above it)."""
+        if self.tolerance is None:
+            return self.spec.stop_below
+        fits = [p for p in self.spec.stops if p.tolerance <= self.tolerance + 1e-12]
+        return fits[-1].stop_below if fits else None
 
     def check_policy(self, width: int) -> None:
         spec = self.spec

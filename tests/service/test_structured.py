@@ -4,6 +4,8 @@ real trainer on the shared OCR data, loaded by the real app, asked for held-out 
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from service.strategies.structured import StructuredOneShotRuntime, StructuredSe
 from training.bundles.ocr import profile_templates, write_ocr_bundle
 from training.structured.ocr import DEFAULT_DATA, OcrData, load_ocr, word_problem
 from training.structured.ocr_train import OcrTraining, train_ocr
+from training.structured.policies import AnytimePolicy
 from training.structured.problem import ChainProblem
 
 DATA = Path(__file__).resolve().parents[2] / DEFAULT_DATA
@@ -178,6 +181,55 @@ def test_anytime_acquires_in_the_trained_order(trained: Trained, client: TestCli
         order = [p for p, _ in policy.order(inputs, ts.initial(len(inputs)))]
         assert _hogs(body["cost"]["extracted"]) == order
         assert body["decision"]["stopped_by"] == "policy"
+
+
+def test_a_requests_tolerance_picks_its_stop_from_the_table(
+    trained: Trained, client: TestClient, tmp_path: Path
+) -> None:
+    """A request's ``tolerance`` gets the threshold of the largest tolerance of the bundle's
+    stop table at most it: the served sequence is the trained Alg. 2's with that threshold
+    (0: the table's first entry; 1: its last), and a lower threshold never buys fewer HOGs.
+    GET /models/{name} shows the table; a bundle without one refuses a tolerance (422)."""
+    policy = trained.train.anytime
+    ts = trained.train.templates
+    table = policy.stop_table
+    described = client.get("/models/ocr").json()["strategies"]
+    (anytime,) = [s for s in described if s["kind"] == "structured-anytime"]
+    assert anytime["stops"] == [{"tolerance": t, "stop_below": b} for t, b in table]
+    assert table[0][1] != table[-1][1], "one threshold for every tolerance: nothing to compare"
+    bought = {}
+    for tolerance, stop in ((0.0, table[0][1]), (1.0, table[-1][1])):
+        rule = AnytimePolicy(policy.lam, policy.optional, policy.scorer, policy.steps, [], stop)
+        bought[tolerance] = 0
+        for i, w in enumerate(trained.words):
+            body = _ask(
+                client,
+                {
+                    "strategy": "structured-anytime",
+                    "budget": 5000,
+                    "tolerance": tolerance,
+                    "item": {"letters": _letters(trained.data, w), "id": f"tol{tolerance}-{i}"},
+                },
+            )
+            inputs = trained.problem.policy_inputs(i)
+            order = [p for p, _ in rule.order(inputs, ts.initial(len(inputs)))]
+            assert _hogs(body["cost"]["extracted"]) == order
+            bought[tolerance] += len(order)
+    assert bought[0.0] >= bought[1.0]
+    # A bundle built before the table: its manifest without ``stops``.
+    folder = tmp_path / "models" / "ocr"
+    shutil.copytree(trained.folder, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for strategy in manifest["strategies"]:
+        strategy.pop("stops", None)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with TestClient(create_app(Settings(models_dir=folder.parent))) as old:
+        word = {"letters": _letters(trained.data, trained.words[0])}
+        body = {"model": "ocr", "strategy": "structured-anytime", "budget": 50, "item": word}
+        refused = old.post("/predict", json={**body, "tolerance": 0.0})
+        assert refused.status_code == 422, refused.text
+        assert "stop table" in refused.json()["error"]["message"]
+        assert old.post("/predict", json=body).status_code == 200
 
 
 def test_the_model_describes_its_structured_strategies(client: TestClient) -> None:

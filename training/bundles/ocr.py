@@ -23,6 +23,7 @@ from service.bundle import (
     ItemSpec,
     Manifest,
     ModelSpec,
+    StopPoint,
     StructuredAnytimeStrategy,
     StructuredOneShotStrategy,
     StructuredOperatingPoint,
@@ -301,6 +302,7 @@ def write_ocr_bundle(
                 optional=[ts.names[k] for k in ts.optional],
                 steps=train.anytime.steps,
                 stop_below=train.anytime.stop_below,
+                stops=[StopPoint(tolerance=t, stop_below=b) for t, b in train.anytime.stop_table],
                 **common,
             )
             extractors = [

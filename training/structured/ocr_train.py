@@ -22,13 +22,13 @@ from training.structured.policies import (
     AnytimePolicy,
     OneShotPolicy,
     Standardiser,
-    choose_stop,
     fit_anytime,
     fit_one_shot,
     greedy_trajectories,
 )
 from training.structured.problem import ChainProblem
 from training.structured.state import TemplateSet
+from training.structured.stops import STOP_TOLERANCE, stop_table
 
 F32 = npt.NDArray[np.float32]
 
@@ -128,7 +128,8 @@ def train_ocr(
     t0 = time.perf_counter()
     say("anytime policies (Alg. 1)")
     anytime = fit_anytime(problem, standardiser, lam=anytime_lambda)
-    anytime.stop_below = choose_stop(anytime, problem)
+    anytime.stop_table = stop_table(anytime, problem)
+    anytime.stop_below = dict(anytime.stop_table)[STOP_TOLERANCE]
     seconds["anytime"] = time.perf_counter() - t0
     order = getattr(problem, "words", policy_set)
     return OcrTraining(

@@ -11,8 +11,9 @@
 * :class:`AnytimePolicy` — Alg. 1: π_1, …, π_T trained greedily in sequence, π_t adding one
   (part, template) pair, learned as the importance-weighted problem of Thm 2.3; Alg. 2
   (:meth:`AnytimePolicy.run`) applies them until the budget is spent, or (our addition,
-  :func:`choose_stop`) until π_t's best pair scores below a threshold chosen on the policy
-  examples: an example the policies see as done stops buying before its budget is spent.
+  :mod:`training.structured.stops`) until π_t's best pair scores below a threshold chosen on
+  the policy examples: an example the policies see as done stops buying before its budget
+  is spent.
 
 The paper's baselines (uniform and myopic selection) are in
 :mod:`training.structured.baselines`.
@@ -39,10 +40,6 @@ Bool = npt.NDArray[np.bool_]
 
 # Logit of a classifier whose training rows all had one label: it always says that label.
 CONSTANT_LOGIT = 30.0
-# The anytime policy's stop (:func:`choose_stop`): thresholds tried on π_t's best score, and
-# how much accuracy with every budget it may cost on the examples it is chosen on.
-STOP_GRID = tuple(np.round(np.arange(-4.0, 0.01, 0.25), 2).tolist())
-STOP_TOLERANCE = 0.005
 
 
 @dataclass(frozen=True)
@@ -278,6 +275,8 @@ class AnytimePolicy:
     train_loss: list[float] = field(default_factory=list)
     #: Alg. 2 stops at the first step whose best pair scores below this (None: never).
     stop_below: float | None = None
+    #: (tolerance, threshold) pairs (:func:`training.structured.stops.stop_table`).
+    stop_table: list[tuple[float, float | None]] = field(default_factory=list)
 
     def column(self, t: int, j: int) -> int:
         return min(t, self.steps - 1) * len(self.optional) + j
@@ -404,34 +403,3 @@ def fit_anytime(
             LinearScorer(standardiser, np.zeros((d, len(optional))), np.zeros(len(optional)))
         )
     return AnytimePolicy(lam, optional, LinearScorer.stack(per_step), len(per_step), train_loss)
-
-
-def choose_stop(
-    policy: AnytimePolicy,
-    problem: StructuredProblem,
-    *,
-    grid: Sequence[float] = STOP_GRID,
-    tolerance: float = STOP_TOLERANCE,
-) -> float | None:
-    """The highest threshold of ``grid`` at which Alg. 2 with every budget (all pairs
-    allowed) is at most ``tolerance`` less accurate (Hamming) on ``problem``'s examples than
-    without a stop; None when none is. Choose it on the examples the policies learned from
-    (cross-fitted), never on held-out ones: a higher threshold stops sooner and saves more."""
-    idx = list(range(problem.n_examples))
-    if not idx:
-        return None
-    ts = problem.templates
-    letters = sum(problem.parts(i) for i in idx)
-    inputs = [problem.policy_inputs(i) for i in idx]
-    starts = [ts.initial(problem.parts(i)) for i in idx]
-
-    def accuracy(stop: float | None) -> float:
-        rule = AnytimePolicy(policy.lam, policy.optional, policy.scorer, policy.steps, [], stop)
-        states = [rule.run(x, s, ts, np.inf) for x, s in zip(inputs, starts, strict=True)]
-        return 1.0 - float(problem.losses(idx, states, soft=False).sum()) / letters
-
-    floor = accuracy(None) - tolerance
-    for stop in sorted(grid, reverse=True):
-        if accuracy(stop) >= floor:
-            return float(stop)
-    return None

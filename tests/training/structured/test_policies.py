@@ -10,17 +10,21 @@ import numpy.typing as npt
 from training.structured.baselines import myopic_states, uniform_states
 from training.structured.chain import ChainParams
 from training.structured.policies import (
-    STOP_GRID,
-    STOP_TOLERANCE,
     AnytimePolicy,
     Standardiser,
-    choose_stop,
     fit_anytime,
     fit_one_shot,
     greedy_trajectories,
 )
 from training.structured.problem import ChainProblem
 from training.structured.state import Template, TemplateSet, additions
+from training.structured.stops import (
+    STOP_GRID,
+    STOP_TOLERANCE,
+    STOP_TOLERANCES,
+    choose_stop,
+    stop_table,
+)
 
 Y = 3
 
@@ -155,6 +159,43 @@ def test_the_anytime_stop_keeps_the_known_optimum_and_spends_less() -> None:
     assert errors(up) / letters > STOP_TOLERANCE
     # no threshold can keep the accuracy when none may be lost and every one stops too soon
     assert choose_stop(policy, train, grid=(100.0,), tolerance=0.0) is None
+
+
+def test_the_stop_table_gives_each_tolerance_its_highest_threshold() -> None:
+    """One threshold per tolerance, each the highest of the grid that keeps the training
+    accuracy within it (checked against every grid value by brute force): a larger
+    tolerance never gets a lower threshold, tolerance 0 loses nothing on the training
+    examples, and the bundle's default stop is the table's entry for its tolerance."""
+    train = synthetic(150, seed=3)
+    policy = fit_anytime(train, Standardiser.fit(np.concatenate(train.inputs)))
+    grid = tuple(float(g) for g in np.arange(-4.0, 30.01, 0.5))
+    table = stop_table(policy, train, grid=grid)
+    assert [t for t, _ in table] == sorted(STOP_TOLERANCES)
+    idx = list(range(train.n_examples))
+    letters = sum(train.parts(i) for i in idx)
+
+    def accuracy(stop: float | None) -> float:
+        rule = AnytimePolicy(policy.lam, policy.optional, policy.scorer, policy.steps, [], stop)
+        states = [
+            rule.run(
+                train.policy_inputs(i),
+                train.templates.initial(train.parts(i)),
+                train.templates,
+                np.inf,
+            )
+            for i in idx
+        ]
+        return 1.0 - float(train.losses(idx, states, soft=False).sum()) / letters
+
+    top = accuracy(None)
+    by_grid = {g: accuracy(g) for g in grid}
+    for tolerance, stop in table:
+        kept = [g for g in grid if by_grid[g] >= top - tolerance]
+        assert stop == (max(kept) if kept else None)
+    thresholds = [-np.inf if stop is None else stop for _, stop in table]
+    assert thresholds == sorted(thresholds)
+    assert table[0][0] == 0.0 and table[0][1] is not None and by_grid[table[0][1]] == top
+    assert choose_stop(policy, train, grid=grid) == dict(table)[STOP_TOLERANCE]
 
 
 def test_baselines() -> None:
