@@ -548,11 +548,11 @@ class PredictHandler:
         """Refuse (503, before any work) a request whose deadline can no longer be met while
         this process has a standing queue, CoDel-style: so little of its budget is left that
         even an answer from the prior would come late (less than the measured reserve for
-        the work after planning), and the smallest lateness of the requests over the last
-        ``QUEUE_INTERVAL_S`` was above ``QUEUE_TARGET_MS`` (requests wait for the event
-        loop: the process is behind, and answering them would keep it behind). In a burst,
-        such a request is answered at once from what it has instead. A budget below the
-        overhead from the start is never refused: it is answered, and says so
+        the work after planning), and the smallest lateness of the requests (more than one)
+        over the last ``QUEUE_INTERVAL_S`` was above ``QUEUE_TARGET_MS`` (requests wait for
+        the event loop: the process is behind, and answering them would keep it behind). In
+        a burst, such a request is answered at once from what it has instead. A budget below
+        the overhead from the start is never refused: it is answered, and says so
         (``below_floor``)."""
         now = time.perf_counter()
         late_ms = (now - received) * 1e3  # the receipt is dated back by the loop's lag
