@@ -350,12 +350,22 @@ def _load(
     return bundle
 
 
-#: The blank items a structured bundle's sessions are warmed up on (a few parts each), and
-#: the start-up measurement of the floor asks for (``service.http.app.measure_floor``).
-WARM_ITEMS: dict[str, Any] = {
+#: Blank items of the structured kinds (a few parts each).
+_STRUCTURED_BLANKS: dict[str, dict[str, Any]] = {
     "letters": {"letters": np.zeros((3, 16, 8), dtype=int).tolist()},
     "tokens": {"tokens": [{"form": f, "upos": u} for f, u in (("a", "DET"), ("b", "NOUN"))]},
 }
+
+
+def blank_item(manifest: Manifest) -> dict[str, Any] | None:
+    """A blank request item of ``manifest``'s kind (an image: a black PNG of at least 32 px;
+    a word or a sentence of a few parts), which the warm-ups and the start-up measurement of
+    the floor (``service.http.app.measure_floor``) ask for; None for tabular items."""
+    if manifest.item.kind == "image":
+        png = io.BytesIO()
+        Image.new("L", (max(manifest.item.min_side, 32),) * 2).save(png, format="PNG")
+        return {"png_base64": base64.b64encode(png.getvalue()).decode()}
+    return _STRUCTURED_BLANKS.get(manifest.item.kind)
 
 
 def _warm_sessions(bundle: Bundle) -> None:
@@ -367,9 +377,9 @@ def _warm_sessions(bundle: Bundle) -> None:
     items a blank one does not fit) is logged, and the bundle loads as it would without."""
     from service.execution import execute
 
-    item = WARM_ITEMS.get(bundle.manifest.item.kind)
-    if item is None:
+    if bundle.manifest.item.kind not in _STRUCTURED_BLANKS:
         return
+    item = blank_item(bundle.manifest)
     try:
         decoded = bundle.decoder.decode(item)
         for runtime in bundle.runtimes.values():
@@ -394,9 +404,7 @@ def _warm_up(
     kind = manifest.item.kind
     blank: Any = dict.fromkeys(manifest.item.columns, 0.0)  # tabular
     if kind == "image":
-        png = io.BytesIO()
-        Image.new("L", (max(manifest.item.min_side, 32),) * 2).save(png, format="PNG")
-        blank = decoder.decode({"png_base64": base64.b64encode(png.getvalue()).decode()}).data
+        blank = decoder.decode(blank_item(manifest)).data
     elif kind == "letters":
         blank = np.zeros((manifest.item.max_letters, 16, 8), dtype=np.float32)
     elif kind == "tokens":

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import inspect
-import io
 import logging
 import math
 import time
@@ -17,7 +15,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from PIL import Image
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.cache import FeatureCache, make_cache
@@ -33,7 +30,7 @@ from service.http.state import AppState
 from service.loop_lag import LOOP_LAG
 from service.management import ModelManager, snapshot
 from service.metrics import Metrics
-from service.registry import WARM_ITEMS, CalibrationSettings, Registry, load_registry
+from service.registry import CalibrationSettings, Registry, blank_item, load_registry
 from service.schemas import BatchPredictResponse, PredictResponse
 from service.server import CONNECTION, extraction_threads
 from service.settings import Settings
@@ -335,7 +332,7 @@ FLOOR_SAMPLES, FLOOR_WARM_UP = 32, 8
 async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
     """Measure the service's own cost on this machine before the first request: answer
     ``FLOOR_SAMPLES`` requests for a blank item of the first bundle with measured costs (an
-    image bundle's if there is one, else a word's or a sentence's: ``WARM_ITEMS``), at a
+    image bundle's if there is one, else a word's or a sentence's: ``blank_item``), at a
     budget too small to buy a feature (decoding, the cache read, the fallback's answer,
     encoding), so ``GET /models/{name}`` shows a measured floor from the start and the first
     requests plan with a measured reserve (without these samples, a server of structured
@@ -343,20 +340,13 @@ async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
     the p95 and priced every budget under it out). The samples are the floor's only; no
     metric or log line counts them. Live answers then keep the floor current."""
     measured = [
-        (name, bundle)
+        (name, bundle.manifest.item.kind, item)
         for name, bundle in registry.bundles.items()
         if bundle.manifest.cost_basis == "measured"
-        and (bundle.manifest.item.kind == "image" or bundle.manifest.item.kind in WARM_ITEMS)
+        and (item := blank_item(bundle.manifest)) is not None
     ]
-    measured.sort(key=lambda pair: pair[1].manifest.item.kind != "image")
-    for name, bundle in measured[:1]:
-        manifest = bundle.manifest
-        item: dict[str, Any] = WARM_ITEMS.get(manifest.item.kind, {})
-        if manifest.item.kind == "image":
-            side = max(manifest.item.min_side, 32)
-            png = io.BytesIO()
-            Image.new("L", (side, side)).save(png, format="PNG")
-            item = {"png_base64": base64.b64encode(png.getvalue()).decode()}
+    measured.sort(key=lambda found: found[1] != "image")
+    for name, _kind, item in measured[:1]:
         try:
             for k in range(FLOOR_WARM_UP + FLOOR_SAMPLES):
                 received = time.perf_counter()

@@ -124,12 +124,9 @@ def digits_features(
         progress("extract", i + 1, len(labels))
     train, test = split_rows(len(labels))
     h = hashlib.sha256(digits.images.astype(np.float64).tobytes())
-    held_out = "last 20 %"  # of scikit-learn's digits (digit_order)
-    h.update(
-        json.dumps(
-            {"sides": list(map(int, sides)), "seed": seed, "limit": limit, "held_out": held_out}
-        ).encode()
-    )
+    # held out: the last 20 % of scikit-learn's digits (digit_order)
+    spec = {"sides": list(map(int, sides)), "seed": seed, "limit": limit, "held_out": "last 20 %"}
+    h.update(json.dumps(spec).encode())
     return FeatureData(
         names=[e.name for e in extractors],
         blocks=blocks,
