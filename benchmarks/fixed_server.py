@@ -187,6 +187,11 @@ class Server:
     conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """One request on the kept-alive connection. A connection the server closed while it
+        sat idle (uvicorn's keep-alive timeout, 5 s: a rotation of slow cells at 512 px
+        takes longer) is opened again and the request sent once more, as HTTP clients do
+        with a stale pooled connection; before, those requests counted as errors."""
+        reused = self.conn is not None
         if self.conn is None:
             self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         headers = {"content-type": "application/json"} if body is not None else {}
@@ -194,9 +199,14 @@ class Server:
             self.conn.request(method, path, body=body, headers=headers)
             response = self.conn.getresponse()
             return response.status, response.read()
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             self.conn.close()
             self.conn = None
+            stale = isinstance(
+                exc, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError
+            )
+            if reused and stale:
+                return self.request(method, path, body)
             raise
 
     def stop(self) -> None:

@@ -113,3 +113,37 @@ def test_wilson_interval() -> None:
     assert lo == pytest.approx(1 - hi) and 0.2 < lo < 0.25
     assert wilson(0, 20)[0] == 0.0 and wilson(20, 20)[1] == 1.0
     assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_a_connection_the_server_dropped_is_opened_again() -> None:
+    """A kept-alive connection the server closed while it sat idle (here: after every
+    answer) is opened again and the request sent once more, not counted as an error."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class DropsAfterEachAnswer(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), DropsAfterEachAnswer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    server = fs.Server("dropper", httpd.server_address[1], process=None)  # type: ignore[arg-type]
+    try:
+        answers = [server.request("POST", "/predict", b"{}") for _ in range(3)]
+        assert answers == [(200, b"ok")] * 3
+    finally:
+        if server.conn is not None:
+            server.conn.close()
+        httpd.shutdown()
+        httpd.server_close()
