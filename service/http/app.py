@@ -32,7 +32,7 @@ from service.management import ModelManager, snapshot
 from service.metrics import Metrics
 from service.registry import CalibrationSettings, Registry, blank_item, load_registry
 from service.schemas import BatchPredictResponse, PredictResponse
-from service.server import CONNECTION, extraction_threads
+from service.server import CONNECTION, ConnectionClock, extraction_threads
 from service.settings import Settings
 
 log = logging.getLogger("budgetserve.api")
@@ -140,8 +140,10 @@ class BudgetServeApp(FastAPI):
             return
         clock = CONNECTION.get()
         scope[RECEIVED_KEY] = clock.request_began() if clock is not None else time.perf_counter()
-        if clock is not None and clock.last_request:  # the server is stopping: close after
-            send = _closing(send)
+        if clock is not None:
+            send = _timed(send, clock)
+            if clock.last_request:  # the server is stopping: close after
+                send = _closing(send)
         try:
             endpoint = self.predict_endpoint
             if endpoint is not None and scope["path"] == PREDICT_PATH and scope["method"] == "POST":
@@ -151,6 +153,17 @@ class BudgetServeApp(FastAPI):
         finally:
             if clock is not None:
                 clock.response_done()
+
+
+def _timed(send: Send, clock: ConnectionClock) -> Send:
+    """``send``, telling ``clock`` when the response's last bytes are handed over."""
+
+    async def timed(message: Message) -> None:
+        await send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            clock.response_sent()
+
+    return timed
 
 
 def _closing(send: Send) -> Send:
