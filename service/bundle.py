@@ -435,7 +435,14 @@ class DagPolicy(_Strict):
     file: BundleFile = Field(
         description="ONNX model (relative to the bundle folder, inside it): input 'features' "
         "(1 x sum of the inputs' dims: the acquired "
-        "extractors' values in `inputs` order, zeros elsewhere) -> output 'logits' (1 x nodes)"
+        "extractors' values in `inputs` order, zeros elsewhere; with confidence_inputs, two "
+        "more columns) -> output 'logits' (1 x nodes)"
+    )
+    confidence_inputs: bool = Field(
+        default=False,
+        description="the input ends with the current state's classifier's top class "
+        "probability and its margin over the second (the runtime computes them with the "
+        "state's model from the features in hand); only that state's nodes are read",
     )
     states: list[DagState] = Field(min_length=1)
     capped: list[CappedNumbers] = Field(

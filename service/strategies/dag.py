@@ -1,7 +1,9 @@
 """Adaptive sensor acquisition on a DAG of states (paper 000) as a strategy runtime.
 
 Each state (a set of acquired groups) has a classifier and a policy: a filter tree whose
-internal nodes are linear decisions on the values acquired so far. Per request the runtime
+internal nodes are decisions on the values acquired so far (and, for policies with
+``confidence_inputs``, on the state's classifier's top probability and margin, computed here
+with the state's model as it would answer). Per request the runtime
 picks, by validation accuracy, among the operating points of the trade-off sweep whose
 average cost fits the budget and the best fixed sensor subsets that fit
 (:mod:`service.strategies.fixed`; within the tolerance, the cheapest). A fixed subset is
@@ -14,6 +16,7 @@ the walk and the current state's classifier answers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,18 +43,25 @@ class _Policy:
 
     def __init__(self, spec: DagPolicy, runtime: DagRuntime) -> None:
         self.spec = spec
+        self.runtime = runtime
         self.states = {s.groups: s for s in spec.states}
         if runtime.bundle_dir is None:
             raise BundleError("a DAG strategy needs its bundle folder to load its policies")
         self.session = open_onnx(runtime.bundle_dir, spec.file, "DAG policy")
         self.input = self.session.get_inputs()[0].name
         width = self.session.get_inputs()[0].shape[-1]
-        if isinstance(width, int) and width != runtime.input_width:
+        takes = runtime.input_width + (len(CONFIDENCE) if spec.confidence_inputs else 0)
+        if isinstance(width, int) and width != takes:
             raise BundleError(
-                f"DAG policy {spec.file!r} takes {width} inputs, the strategy declares "
-                f"{runtime.input_width}"
+                f"DAG policy {spec.file!r} takes {width} inputs; the strategy's inputs "
+                f"declare {runtime.input_width}"
+                + (
+                    f", and its confidence inputs {len(CONFIDENCE)} more"
+                    if spec.confidence_inputs
+                    else ""
+                )
             )
-        outputs = self.logits(np.zeros(runtime.input_width, dtype=np.float32)).shape[0]
+        outputs = self.logits(np.zeros(takes, dtype=np.float32)).shape[0]
         for state in spec.states:
             for node in state.tree:
                 if node.logit is not None and node.logit >= outputs:
@@ -71,11 +81,18 @@ class _Policy:
         result: FloatVector = np.asarray(out, dtype=np.float32)[0]
         return result
 
-    def action(self, state: int, x: FloatVector) -> int:
+    def action(self, state: int, features: Mapping[str, FloatVector]) -> int:
+        """The action of ``state``'s filter tree on the features in hand."""
         tree = self.states[state].tree
         if not tree:
             return 0
-        logits = self.logits(x) if any(n.logit is not None for n in tree) else None
+        logits = None
+        if any(n.logit is not None for n in tree):
+            x = self.runtime.input_vector(features)
+            if self.spec.confidence_inputs:
+                model = Answer(self.states[state].model)
+                x = np.concatenate([x, confidence(self.runtime.predict(model, features))])
+            logits = self.logits(x)
         node = 0
         while True:
             spec = tree[node]
@@ -88,6 +105,20 @@ class _Policy:
             if child < 0:
                 return -child - 1
             node = child
+
+
+#: What :func:`confidence` gives, in order (training's ``CONFIDENCE_COLUMNS``).
+CONFIDENCE = ("top1", "margin")
+
+
+def confidence(probabilities: FloatVector) -> FloatVector:
+    """A state classifier's confidence, as its policy learned it: the top class probability
+    and its margin over the second (one class: the probability twice)."""
+    p = np.asarray(probabilities, dtype=np.float32).reshape(-1)
+    if p.shape[0] < 2:
+        return np.asarray([p[0], p[0]], dtype=np.float32)
+    top2 = -np.sort(-p)[:2]
+    return np.asarray([top2[0], top2[0] - top2[1]], dtype=np.float32)
 
 
 class DagSession(Session):
@@ -130,7 +161,7 @@ class DagSession(Session):
         # Transitions lead to strictly larger states (checked at load), so this ends.
         while True:
             if not self.pending:
-                action = self.policy.action(self.state, rt.input_vector(in_hand))
+                action = self.policy.action(self.state, in_hand)
                 if action == 0:
                     return self._answer_from(obs)
                 self.target = self.policy.states[self.state].transitions[action - 1]

@@ -13,17 +13,18 @@ one logit per non-constant node; the runtime goes right where a logit is > 0. By
   node's logit, thresholds the largest float32 <= LightGBM's (:func:`lgbm_trees`), so a float32
   input takes the fitted branch at every split.
 
-With ``policy_inputs='features+confidence'`` the graph first computes ``policy_input``: the
-``features``, then per state whose policy has a learned node its bank classifier's top
-probability and margin (the state's columns gathered, the bank classifier's own ONNX graph with
-names prefixed ``c<state>_``, ``TopK``); the nodes read that instead, so the runtime
-(``service/strategies/dag.py``) is unchanged.
+With ``policy_inputs='features+confidence'`` the input has two more columns, the current
+state's bank classifier's top probability and margin (:func:`training.dag.policies.confidence`),
+which the runtime (``service/strategies/dag.py``) computes with the state's model, as it would
+to answer; every state's nodes read them there (``DagPolicy.confidence_inputs``), and only the
+current state's nodes are read. (The graph once embedded every state's classifier to compute
+them itself: letter's 26-class bank made each policy file tens of MB.)
 
 Bank classifiers of the ``gbrt`` learner are exported the same way (trees, then sigmoid or
 softmax); the others go through skl2onnx.
 
-The module stays whole (over 450 lines): the policy graph, the trees it embeds, the confidence
-inputs and :func:`verify_policy` are one export whose check reads every part the graph writes.
+The module stays whole (over 450 lines): the bank, the policy graph, the trees it embeds and
+:func:`verify_policy` are one export whose check reads every part the graph writes.
 """
 
 from __future__ import annotations
@@ -188,20 +189,12 @@ def export_policy(
     global_of_column: Mapping[int, int],
 ) -> DagPolicy:
     """The policy of every state as one ONNX logits model plus filter trees. With
-    ``policy_inputs='features+confidence'`` the graph embeds the classifier of every state
-    whose policy uses it and appends its confidence columns to the input (see
-    :func:`_confidence_inputs`)."""
+    ``policy_inputs='features+confidence'`` the input's last two columns are the current
+    state's classifier's confidence, which every state's nodes read (see the module)."""
     learner = model.policy_learner_
     uses_conf = model.policy_inputs != "features"
-    conf_states = [
-        s
-        for s in model.states_
-        if uses_conf
-        and model.classifiers_[s] is not None
-        and any("action" not in n and not n["constant"] for n in model.policy_nodes(s))
-    ]
-    conf_index = {s: [width + 2 * k, width + 2 * k + 1] for k, s in enumerate(conf_states)}
-    width_ext = width + 2 * len(conf_states)
+    conf = [width, width + 1] if uses_conf else []
+    width_ext = width + len(conf)
     weights: list[npt.NDArray[np.float64]] = []  # linear: per logit over the input
     poly: list[tuple[dict[tuple[int, ...], float], float]] = []  # per logit: monomial -> w, b
     trees: list[tuple[dict[str, Any], int, list[int]]] = []
@@ -211,7 +204,7 @@ def export_policy(
     for state in model.states_:
         nodes = model.policy_nodes(state)
         cols = model.state_columns(state)
-        glob = [global_of_column[c] for c in cols] + conf_index.get(state, [])
+        glob = [global_of_column[c] for c in cols] + conf
         internal = [i for i, n in enumerate(nodes) if "action" not in n]
         index_of = {i: k for k, i in enumerate(internal)}
 
@@ -260,21 +253,18 @@ def export_policy(
                 tree=tree,
             )
         )
-    pre_nodes, pre_inits = _confidence_inputs(model, conf_states, width, global_of_column)
     onx = _policy_graph(
-        model,
-        learner,
-        width,
-        global_of_column,
-        n_logits,
-        weights,
-        biases,
-        poly,
-        trees,
-        (pre_nodes, pre_inits, width_ext),
+        model, learner, width_ext, global_of_column, n_logits, weights, biases, poly, trees
     )
     (folder / file).write_bytes(onx.SerializeToString())
-    return DagPolicy(cost_scale=0.0, mean_cost=0.0, error=0.0, file=file, states=states)
+    return DagPolicy(
+        cost_scale=0.0,
+        mean_cost=0.0,
+        error=0.0,
+        file=file,
+        confidence_inputs=uses_conf,
+        states=states,
+    )
 
 
 def _policy_graph(
@@ -287,17 +277,10 @@ def _policy_graph(
     biases: list[float],
     poly: list[tuple[dict[tuple[int, ...], float], float]],
     trees: list[tuple[dict[str, Any], int, list[int]]],
-    pre: tuple[list[onnx.NodeProto], list[onnx.TensorProto], int] | None = None,
 ) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     inp = "features"
-    in_width = width
-    if pre is not None and pre[0]:
-        nodes += pre[0]
-        inits += pre[1]
-        inp = "policy_input"
-        width = pre[2]
     out_width = max(n_logits, 1)  # every decision constant: one unused logit keeps it valid
     if learner == "gbrt" and n_logits:
         nodes.append(_tree_ensemble(trees, n_logits, inp, "logits"))
@@ -361,62 +344,14 @@ def _policy_graph(
     graph = helper.make_graph(
         nodes,
         "dag_policy",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, in_width])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [None, width])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, out_width])],
         inits,
     )
-    plain = learner != "gbrt" and inp == "features"
-    onx = helper.make_model(graph, opset_imports=_OPSET[:1] if plain else _OPSET)
+    onx = helper.make_model(graph, opset_imports=_OPSET if learner == "gbrt" else _OPSET[:1])
     onx.ir_version = 8
     onnx.checker.check_model(onx)
     return onx
-
-
-def _confidence_inputs(
-    model: DagClassifier,
-    conf_states: list[int],
-    width: int,
-    global_of_column: Mapping[int, int],
-) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """Nodes computing ``policy_input`` = ``features`` followed by, per state of
-    ``conf_states`` in order, its classifier's top probability and that minus the second
-    (:func:`training.dag.policies.confidence`): the state's columns are gathered from
-    ``features`` and fed to the state's bank classifier (the same ONNX as the bank's file,
-    names prefixed ``c<state>_``), then ``TopK``. No states: no nodes."""
-    if not conf_states:
-        return [], []
-    nodes: list[onnx.NodeProto] = []
-    inits = [
-        numpy_helper.from_array(np.array([2], dtype=np.int64), "conf_k"),
-        numpy_helper.from_array(np.array([0], dtype=np.int64), "conf_i0"),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), "conf_i1"),
-    ]
-    parts = ["features"]
-    for s in conf_states:
-        cols = model.state_columns(s)
-        fitted = model.classifiers_[s]
-        if isinstance(fitted, Float32Lgbm):
-            sub = onnx.load_from_string(lgbm_classifier_onnx(fitted, len(cols)))
-        else:
-            sub = onnx.load_from_string(export_classifier(fitted, len(cols)))
-        p = f"c{s}_"
-        sub = onnx.compose.add_prefix(sub, p)
-        glob = np.array([global_of_column[c] for c in cols], dtype=np.int64)
-        inits.append(numpy_helper.from_array(glob, p + "cols"))
-        nodes.append(helper.make_node("Gather", ["features", p + "cols"], [p + "features"], axis=1))
-        nodes += list(sub.graph.node)
-        inits += list(sub.graph.initializer)
-        nodes += [
-            helper.make_node(
-                "TopK", [p + "probabilities", "conf_k"], [p + "top", p + "topi"], axis=1
-            ),
-            helper.make_node("Gather", [p + "top", "conf_i0"], [p + "top1"], axis=1),
-            helper.make_node("Gather", [p + "top", "conf_i1"], [p + "top2"], axis=1),
-            helper.make_node("Sub", [p + "top1", p + "top2"], [p + "margin"]),
-        ]
-        parts += [p + "top1", p + "margin"]
-    nodes.append(helper.make_node("Concat", parts, ["policy_input"], axis=1))
-    return nodes, inits
 
 
 def verify_policy(
@@ -430,15 +365,22 @@ def verify_policy(
     ``x``, except where the ONNX margin is within float32 rounding of 0 (<= 1e-3); and every
     ONNX logit equals its node's margin computed from the exported arrays in float64 on the
     float32-rounded rows (trees: within 1e-4 relative, so a single split taken differently
-    fails; linear and polynomial: 1e-3 relative)."""
-    inputs = np.zeros((len(x), len(global_of_column)), dtype=np.float32)
+    fails; linear and polynomial: 1e-3 relative). With confidence inputs the graph is run
+    per state, with that state's classifier's confidence in the last two columns (as the
+    runtime feeds it)."""
+    conf = 2 if policy.confidence_inputs else 0
+    inputs = np.zeros((len(x), len(global_of_column) + conf), dtype=np.float32)
     for c, g in global_of_column.items():
         inputs[:, g] = x[:, c]
-    logits = onnx_probabilities(path.read_bytes(), inputs)
+    graph = path.read_bytes()
+    logits = onnx_probabilities(graph, inputs)
     x32 = x.astype(np.float32).astype(np.float64)
     for state_spec in policy.states:
         state = state_spec.groups
         cols = model.state_columns(state)
+        if conf:
+            inputs[:, -conf:] = model.policy_input(state, x32[:, cols])[:, -conf:]
+            logits = onnx_probabilities(graph, inputs)
         nodes = model.policy_nodes(state)
         internal = [n for n in nodes if "action" not in n]
         for node, spec in zip(internal, state_spec.tree, strict=True):

@@ -141,7 +141,7 @@ def test_grid_fills_the_gap_between_one_and_two_sensors() -> None:
     ("learner", "policy_learner"),
     [("linear", None), ("poly2", "linear"), ("poly2", None), ("gbrt", "linear"), ("gbrt", None)],
 )
-def test_confidence_policy_graph_embeds_the_classifiers(
+def test_confidence_policy_graph_reads_the_confidence_it_is_given(
     learner: str, policy_learner: str | None, tmp_path: Path
 ) -> None:
     X, y, _ = settled_data(1500, seed=7)
@@ -157,18 +157,24 @@ def test_confidence_policy_graph_embeds_the_classifiers(
     width = X.shape[1]
     goc = {c: c for c in range(width)}
     policy = export_policy(tmp_path, "p.onnx", model, width, goc)
+    assert policy.confidence_inputs
     onx = onnx.load(str(tmp_path / "p.onnx"))
     assert [i.name for i in onx.graph.input] == ["features"]
-    assert any(n.op_type == "TopK" for n in onx.graph.node), "a classifier subgraph"
+    assert onx.graph.input[0].type.tensor_type.shape.dim[1].dim_value == width + 2
+    assert not any(n.op_type == "TopK" for n in onx.graph.node), "no classifier inside"
     # Every ONNX logit equals its node's margin, every decision the fitted policy's (raises).
     verify_policy(tmp_path / "p.onnx", policy, model, X_val, goc)
-    # The decisions taken through the runtime's walk agree with the fitted DAG's on the
-    # confident state: ONNX logits + tree (what service/strategies/dag.py does).
-    logits = onnx_probabilities((tmp_path / "p.onnx").read_bytes(), X_val.astype(np.float32))
+    # The decisions taken as the runtime takes them (service/strategies/dag.py: the state's
+    # classifier's confidence appended, ONNX logits, the tree) agree with the fitted DAG's
+    # on the state that has a choice to make.
     cheap = next(s for s in model.states_ if model.state_sensors(s) == ["cheap"])
     spec = next(st for st in policy.states if st.groups == cheap)
+    cols = model.state_columns(cheap)
+    proba = model.classifiers_[cheap].predict_proba(X_val[:, cols])
+    inputs = np.hstack([X_val, confidence(proba)]).astype(np.float32)
+    logits = onnx_probabilities((tmp_path / "p.onnx").read_bytes(), inputs)
     walked = np.array([_walk_tree(spec.tree, row)[0] for row in logits])
-    fitted = model.policy_action(cheap, X_val[:, model.state_columns(cheap)])
+    fitted = model.policy_action(cheap, X_val[:, cols])
     assert np.mean(walked == fitted) > 0.995
     assert 0.1 < np.mean(fitted != 0) < 0.9, "the policy both stops and buys on these rows"
 
@@ -182,9 +188,12 @@ def test_a_corrupted_confidence_graph_is_refused(tmp_path: Path) -> None:
     goc = {0: 0, 1: 1}
     policy = export_policy(tmp_path, "p.onnx", model, 2, goc)
     onx = onnx.load(str(tmp_path / "p.onnx"))
-    for node in onx.graph.node:  # feed the margin where the top probability belongs
-        if node.op_type == "Concat" and node.output[0] == "policy_input":
-            node.input[1], node.input[2] = node.input[2], node.input[1]
+    for init in onx.graph.initializer:  # read the margin where the top probability belongs
+        if init.name == "W":
+            w = onnx.numpy_helper.to_array(init).copy()
+            assert np.abs(w[2:]).sum() > 0, "the nodes read the confidence columns"
+            w[[2, 3]] = w[[3, 2]]
+            init.CopyFrom(onnx.numpy_helper.from_array(w, "W"))
     onnx.save(onx, str(tmp_path / "p.onnx"))
     with pytest.raises(DagExportMismatch, match="ONNX differs from the exported node"):
         verify_policy(tmp_path / "p.onnx", policy, model, X_val, goc)
