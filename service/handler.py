@@ -121,6 +121,10 @@ def uniform_of(key: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
+def _unobserved(_name: str, _seconds: float) -> None:
+    """The timing callback of work the metrics do not count (the start-up floor probes)."""
+
+
 class PredictHandler:
     """Answers predictions. CPU-bound work (decoding large items, extraction, inference)
     runs on worker threads, at most ``threads`` requests at once, or on the event loop when
@@ -355,7 +359,9 @@ class PredictHandler:
         read_start = time.perf_counter()
         left_ms = budget - (read_start - received) * 1e3 if deadline else float(budget)
         with tracing.span("cache.read"):
-            cached = await self._read_cache(bundle, decoded, left_ms, skip=given.keys())
+            cached = await self._read_cache(
+                bundle, decoded, left_ms, skip=given.keys(), count=observe
+            )
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
         reserve_ms = self.floor.reserve_ms() if measured else 0.0
@@ -391,8 +397,8 @@ class PredictHandler:
                 start(started),
                 reserve_ms=reserve_ms + squeeze,
                 runtime=runtime,
-                on_extraction=self._observe_extraction,
-                on_inference=self._observe_inference,
+                on_extraction=self._observe_extraction if observe else _unobserved,
+                on_inference=self._observe_inference if observe else _unobserved,
             )
 
         # What the cheapest feature not in hand would cost, and how long this request may
@@ -431,7 +437,9 @@ class PredictHandler:
             # strategy answers within the real budget: it has nothing left to acquire).
             started = time.perf_counter()
             hand_budget = budget if cheapest == math.inf else 0.0
-            run = self._from_hand(bundle, decoded, hand_budget, in_hand, runtime, start(started))
+            run = self._from_hand(
+                bundle, decoded, hand_budget, in_hand, runtime, start(started), observe
+            )
         elif inline:
             started, run = work(cap_ms=self.inline_ms)
         elif await self._acquire(wait_limit, nbytes, due) is None:
@@ -443,7 +451,9 @@ class PredictHandler:
             if measured and left_ms >= cheapest:
                 started, run = work(cap_ms=self.inline_ms)
             else:
-                run = self._from_hand(bundle, decoded, 0.0, in_hand, runtime, start(started))
+                run = self._from_hand(
+                    bundle, decoded, 0.0, in_hand, runtime, start(started), observe
+                )
         else:
             try:
                 started, run = await self._on_thread(work)
@@ -587,8 +597,10 @@ class PredictHandler:
         in_hand: dict[str, FloatVector],
         runtime: StrategyRuntime,
         start: float,
+        observe: bool = True,
     ) -> Execution:
-        """The strategy's answer from the features in hand, on the event loop."""
+        """The strategy's answer from the features in hand, on the event loop (timed in the
+        metrics when ``observe``)."""
         return execute(
             bundle,
             decoded,
@@ -596,7 +608,7 @@ class PredictHandler:
             in_hand,
             start,
             runtime=runtime,
-            on_inference=self._observe_inference,
+            on_inference=self._observe_inference if observe else _unobserved,
         )
 
     def encode(self, response: PredictResponse) -> bytes:
@@ -653,8 +665,15 @@ class PredictHandler:
         return given
 
     async def _read_cache(
-        self, bundle: Bundle, item: DecodedItem, budget: float, skip: Collection[str] = ()
+        self,
+        bundle: Bundle,
+        item: DecodedItem,
+        budget: float,
+        skip: Collection[str] = (),
+        count: bool = True,
     ) -> dict[str, FloatVector]:
+        """The features of ``item`` in the cache (``count``: in the cache metrics; the
+        service's start-up measurement of its floor is not a client's read)."""
         names = [n for n in bundle.extractors if n not in skip]
         if not names:
             return {}
@@ -681,9 +700,10 @@ class PredictHandler:
             dims = bundle.extractors[name].dims
             if raw is not None and len(raw) == 4 * dims:
                 found[name] = np.frombuffer(raw, dtype=np.float32)
-        hits = len(found)
-        self.metrics.child(self.metrics.cache, result="hit").inc(hits)
-        self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
+        if count:
+            hits = len(found)
+            self.metrics.child(self.metrics.cache, result="hit").inc(hits)
+            self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
         return found
 
     @staticmethod
