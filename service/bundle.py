@@ -19,7 +19,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -1113,6 +1113,20 @@ class ItemSpec(_Strict):
     tagger: TaggerSpec | None = Field(
         default=None, description="tokens: tags the tokens sent without `upos` (None: all need it)"
     )
+
+    #: The fields that apply to each kind (``kind`` and ``size_unit`` to all).
+    KIND_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("max_pixels", "min_side", "channels"),
+        "tabular": ("columns",),
+        "letters": ("max_letters",),
+        "tokens": ("max_tokens", "tagger"),
+    }
+
+    def described(self) -> dict[str, Any]:
+        """The fields that apply to this kind of item (what ``GET /models/{name}`` shows: a
+        tabular bundle has no ``max_pixels``)."""
+        keep = ("kind", "size_unit", *self.KIND_FIELDS[self.kind])
+        return self.model_dump(include=set(keep))
 
     @model_validator(mode="after")
     def _columns(self) -> ItemSpec:

@@ -133,7 +133,7 @@ def _summary(m: Manifest) -> dict[str, Any]:
         "strategies": [s.name for s in m.strategies],
         "default_strategy": m.default_strategy,
         "cost_unit": m.cost_unit,
-        "item": m.item.model_dump(),
+        "item": m.item.described(),
         "n_models": len(m.models),
     }
 

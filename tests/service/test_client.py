@@ -63,7 +63,16 @@ def test_predict_batch_and_models(client: Client) -> None:
     assert listed.failed == []
     digits = next(m for m in listed.models if m.name == "digits")
     assert digits.cost_unit == "ms" and "polydom-anytime" in digits.strategies
-    assert client.model("router")["item"]["kind"] == "tabular"
+    item = client.model("router")["item"]
+    # the fields of a tabular item only (a table has no max_pixels nor max_tokens)
+    assert item["kind"] == "tabular" and item["columns"] and "max_pixels" not in item
+    assert set(client.model("digits")["item"]) == {
+        "kind",
+        "size_unit",
+        "max_pixels",
+        "min_side",
+        "channels",
+    }
 
     answer = client.predict("digits", image_item(png(3, 64), "three"), budget=1000.0)
     assert isinstance(answer, PredictResponse)
