@@ -599,7 +599,8 @@ def dag(
     """Build a DAG bundle (adaptive sensor acquisition, paper 000) from a CSV and a spec.
 
     The spec names the label column, the sensors (name -> columns), their costs in `unit`,
-    the cost trade-offs to sweep (`cost_scales`) and, for many sensors, `n_subsets` (Alg. 2).
+    the cost trade-offs to sweep (`cost_scales`) and, for many sensors, `n_subsets` (Alg. 2)
+    or `groups: chain` (the best fixed subsets' greedy chain, in steps).
     """
     from training.bundles.dag import DagSpec, build_dag_bundle
 
@@ -609,7 +610,15 @@ def dag(
         spec_path,
         out,
         open_executor(executor, address, n_jobs),
-        lambda spec, rows: f"training {len(spec.cost_scales)} operating points on {rows} rows",
+        lambda spec, rows: (
+            f"training {len(spec.cost_scales)} operating points"
+            + (
+                f" and up to {spec.refine_scales} more where costs jump"
+                if spec.refine_scales
+                else ""
+            )
+            + f" on {rows} rows"
+        ),
         build_dag_bundle,
         delimiter,
     )

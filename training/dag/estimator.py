@@ -84,6 +84,32 @@ from training.dag.subsets import SubsetSelection, select_subsets
 from training.executor import INLINE, Executor
 
 
+def _check_groups(groups: Any, names: Sequence[str], n_subsets: Any) -> None:
+    """``groups``: at most 8 non-empty lists of known sensors that together hold every sensor
+    (``ValueError`` naming what is wrong)."""
+    if n_subsets is not None:
+        raise ValueError(
+            f"pass groups or n_subsets, not both (got {len(groups)} groups and "
+            f"n_subsets={n_subsets!r})"
+        )
+    if not 1 <= len(groups) <= MAX_EXHAUSTIVE_SENSORS:
+        raise ValueError(
+            f"groups must be 1 to {MAX_EXHAUSTIVE_SENSORS} lists of sensors (the states are "
+            f"all their unions), got {len(groups)}"
+        )
+    known = set(names)
+    for g in groups:
+        unknown = sorted(set(g) - known)
+        if not g or unknown:
+            raise ValueError(
+                f"each group must be a non-empty list of sensors among {list(names)}; got "
+                f"{list(g)}" + (f" (unknown: {unknown})" if unknown else "")
+            )
+    missing = sorted(known - {n for g in groups for n in g})
+    if missing:
+        raise ValueError(f"every sensor must be in a group; not in any: {missing}")
+
+
 class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     """Adaptive sensor-acquisition DAG trained by Graph-Reduce (see the module docstring).
 
@@ -97,6 +123,9 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         states are all unions of these groups.
     subset_budget: Alg. 2's constraint on the total cost of the t subsets (only with
         ``n_subsets``; default: twice the total cost of all sensors).
+    groups: the groups themselves (lists of sensor names, at most 8, together every sensor;
+        instead of ``n_subsets``), e.g. the increments of a greedy forward chain of fixed
+        subsets (``training.bundles.dag``, ``groups: chain``); the states are all unions.
     C: inverse regularisation of the classifier bank's logistic regressions.
     policy_C: inverse regularisation of the filter trees' logistic regressions (their sample
         weights are cost differences, in units of one misclassification).
@@ -134,6 +163,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         cost_scale: float = 1.0,
         n_subsets: int | None = None,
         subset_budget: float | None = None,
+        groups: Sequence[Sequence[str]] | None = None,
         C: float = 1.0,
         policy_C: float = 1.0,
         folds: int = 5,
@@ -148,6 +178,7 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self.cost_scale = cost_scale
         self.n_subsets = n_subsets
         self.subset_budget = subset_budget
+        self.groups = groups
         self.C = C
         self.policy_C = policy_C
         self.folds = folds
@@ -168,7 +199,9 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         check_policy_options(self.learner, self.policy_learner, self.policy_inputs)
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise ValueError(f"folds must be an int >= 2, got {self.folds!r}")
-        if self.n_subsets is None:
+        if self.groups is not None:
+            _check_groups(self.groups, names, self.n_subsets)
+        elif self.n_subsets is None:
             if len(names) > MAX_EXHAUSTIVE_SENSORS:
                 raise ValueError(
                     f"the exhaustive DAG (n_subsets=None) supports at most "
@@ -207,8 +240,10 @@ class DagClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         self._sensor_costs = cost_arr
 
         # Groups.
-        if self.n_subsets is None:
-            self.subset_selection_: SubsetSelection | None = None
+        self.subset_selection_: SubsetSelection | None = None
+        if self.groups is not None:
+            groups = [list(g) for g in self.groups]
+        elif self.n_subsets is None:
             groups = [[n] for n in names]
         else:
             sel = select_subsets(

@@ -367,6 +367,9 @@ def test_manifest_rejects_dag_loops(router_dir: Path) -> None:
         ({"refine_scales": -1}, "refine_scales must be an int >= 0"),
         ({"refine_scales": 2.5}, "refine_scales must be an int >= 0"),
         ({"policy_inputs": "logits"}, "policy_inputs must be one of features, features"),
+        ({"groups": "alg2"}, "groups must be 'chain'"),
+        ({"groups": "chain", "n_subsets": 3}, "not both"),
+        ({"groups": "chain", "fixed": False, "bank": "learner"}, "it needs `fixed`"),
     ],
 )
 def test_spec_refuses_unknown_learners_and_bad_refinement(
