@@ -8,7 +8,6 @@ import numpy as np
 from fastapi import Depends, Query
 
 from service.bundle import Manifest
-from service.errors import InvalidRequest
 from service.http.state import AppState, app_state
 from service.registry import Registry
 
@@ -90,11 +89,8 @@ async def get_costs(name: str, state: State) -> dict[str, Any]:
 
 async def get_skyline(
     name: str,
+    size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
     state: State,
-    size: Annotated[
-        int | None,
-        Query(gt=0, le=1 << 26, description="item size n (tabular bundles: 1, the default)"),
-    ] = None,
     strategy: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
     """What each budget buys at ``size``: (cost, accuracy, features), cost-sorted; ``model``
@@ -105,14 +101,6 @@ async def get_skyline(
     it: its cost plus the floor."""
     bundle = state.loaded_registry().get(name)
     runtime = bundle.strategy(strategy)
-    kind = bundle.manifest.item.kind
-    if size is None:
-        if kind != "tabular":  # every row of a table has size 1
-            raise InvalidRequest(
-                f"'size' is required for {kind} items: the item's size in "
-                f"{bundle.manifest.item.size_unit} (e.g. ?size=16384 for a 128 x 128 image)"
-            )
-        size = 1
     floor = None
     if bundle.manifest.cost_basis == "measured":
         floor = state.loaded_handler().floor.floor_ms(name, size)

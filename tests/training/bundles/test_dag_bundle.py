@@ -377,11 +377,3 @@ def test_spec_refuses_unknown_learners_and_bad_refinement(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(SPEC, **change).check()
-
-
-def test_a_tabular_skyline_needs_no_size(client: TestClient) -> None:
-    """Every row of a table has size 1: the skyline takes that by default."""
-    plain = client.get("/models/router/skyline")
-    assert plain.status_code == 200, plain.text
-    assert plain.json()["size"] == 1
-    assert plain.json()["skyline"] == client.get("/models/router/skyline?size=1").json()["skyline"]
