@@ -89,7 +89,14 @@ async def get_costs(name: str, state: State) -> dict[str, Any]:
 
 async def get_skyline(
     name: str,
-    size: Annotated[int, Query(gt=0, le=1 << 26, description="item size n")],
+    size: Annotated[
+        int,
+        Query(
+            gt=0,
+            le=1 << 26,
+            description="item size n (in the bundle's size_unit; tabular bundles: 1, every row)",
+        ),
+    ],
     state: State,
     strategy: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict[str, Any]:
