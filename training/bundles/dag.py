@@ -55,7 +55,9 @@ class DagSpec(WithFixedSubsets, TabularSpec):
     plus the cost trade-offs to sweep, how many scales the adaptive grid may add between them
     (``refine_scales``, see :func:`training.dag.sweep`), the learners of the classifier bank
     and of the policies (``linear``, ``poly2``, ``poly3``, ``gbrt``), what the policies see
-    (``policy_inputs``: ``features`` or ``features+confidence``) and, for many sensors,
+    (``policy_inputs``: ``features+confidence``, the default, or ``features``: the state's
+    columns only; served, the state's classifier's confidence took the DAG on letter from
+    +1.0 to +7.6 points over the best fixed mixture at a mean of 1.5 sensors) and, for many sensors,
     the number of groups (``n_subsets``: Alg. 2) or ``groups: chain``: the increments of
     the fixed-subset search's greedy forward chain at 1, 2, 3, 5, 8 and 13 sensors, and the
     rest (the states then hold the chain's best subsets, which Alg. 2's small complementary
@@ -71,7 +73,7 @@ class DagSpec(WithFixedSubsets, TabularSpec):
     refine_scales: int = 16
     learner: str = "linear"
     policy_learner: str | None = None
-    policy_inputs: str = "features"
+    policy_inputs: str = "features+confidence"
     n_subsets: int | None = None
     groups: str | None = None
     bank: str = "tuned"
