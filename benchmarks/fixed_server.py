@@ -7,7 +7,7 @@ uvicorn process on a free loopback port:
   asked at a grid of budgets;
 - one **fixed** server per feature set worth serving (:func:`fixed_model_ids`: the default
   strategy's candidates, the best single feature and the full set): :func:`create_fixed_app`,
-  the same HTTP stack (FastAPI on uvicorn with the service's socket and h11 protocol) and the
+  the same HTTP stack (FastAPI on uvicorn with the service's socket and httptools protocol) and the
   same PNG decoding (:class:`service.items.ImageDecoder`), no planning and no cache: it always
   extracts that model's features with the bundle's extractor plugins and runs its ONNX model.
 
