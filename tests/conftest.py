@@ -152,6 +152,10 @@ def router_bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # tests/training/test_fixed_subsets.py covers those
         bank="learner",
         fixed=False,
+        # the state's columns only: r's sign is the whole route, and the tests check each
+        # walk against that construction (with the confidence inputs, the builder's default,
+        # 29 of 2,000 held-out rows bought both expensive sensors instead of 3; error equal)
+        policy_inputs="features",
     )
     x, y = make_router_data(2500, seed=2)
     root = tmp_path_factory.mktemp("dag")

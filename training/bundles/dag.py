@@ -128,9 +128,9 @@ CHAIN_CUTS = (1, 2, 3, 5, 8, 13)
 
 
 def chain_groups(subsets: FixedSubsets) -> list[list[str]]:
-    """The greedy forward chain (:meth:`FixedSubsets.greedy_chain`; every subset when the
-    search is exhaustive: then one sensor per group, in the chain's order) cut at
-    :data:`CHAIN_CUTS`: each group the sensors its prefix adds."""
+    """The greedy forward chain (:meth:`FixedSubsets.greedy_chain`, by its proxy fits, also
+    where the search itself is exhaustive) cut at :data:`CHAIN_CUTS`: each group the sensors
+    its prefix adds, the last one every sensor left."""
     chain = subsets.greedy_chain()
     names = list(chain[-1])
     groups: list[list[str]] = []
