@@ -365,6 +365,8 @@ class PredictHandler:
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
         reserve_ms = self.floor.reserve_ms() if measured else 0.0
+        on_extraction = self._observe_extraction if observe else _unobserved
+        on_inference = self._observe_inference if observe else _unobserved
 
         def start(now: float) -> float:
             """Where ``spent`` counts from, for work that starts ``now``."""
@@ -397,8 +399,8 @@ class PredictHandler:
                 start(started),
                 reserve_ms=reserve_ms + squeeze,
                 runtime=runtime,
-                on_extraction=self._observe_extraction if observe else _unobserved,
-                on_inference=self._observe_inference if observe else _unobserved,
+                on_extraction=on_extraction,
+                on_inference=on_inference,
             )
 
         # What the cheapest feature not in hand would cost, and how long this request may
@@ -438,7 +440,7 @@ class PredictHandler:
             started = time.perf_counter()
             hand_budget = budget if cheapest == math.inf else 0.0
             run = self._from_hand(
-                bundle, decoded, hand_budget, in_hand, runtime, start(started), observe
+                bundle, decoded, hand_budget, in_hand, runtime, start(started), on_inference
             )
         elif inline:
             started, run = work(cap_ms=self.inline_ms)
@@ -452,7 +454,7 @@ class PredictHandler:
                 started, run = work(cap_ms=self.inline_ms)
             else:
                 run = self._from_hand(
-                    bundle, decoded, 0.0, in_hand, runtime, start(started), observe
+                    bundle, decoded, 0.0, in_hand, runtime, start(started), on_inference
                 )
         else:
             try:
@@ -597,10 +599,9 @@ class PredictHandler:
         in_hand: dict[str, FloatVector],
         runtime: StrategyRuntime,
         start: float,
-        observe: bool = True,
+        on_inference: Callable[[str, float], None],
     ) -> Execution:
-        """The strategy's answer from the features in hand, on the event loop (timed in the
-        metrics when ``observe``)."""
+        """The strategy's answer from the features in hand, on the event loop."""
         return execute(
             bundle,
             decoded,
@@ -608,7 +609,7 @@ class PredictHandler:
             in_hand,
             start,
             runtime=runtime,
-            on_inference=self._observe_inference if observe else _unobserved,
+            on_inference=on_inference,
         )
 
     def encode(self, response: PredictResponse) -> bytes:

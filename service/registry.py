@@ -403,14 +403,10 @@ def _warm_up(
     take over and answer every request 422, blaming the client's values)."""
     kind = manifest.item.kind
     blank: Any = dict.fromkeys(manifest.item.columns, 0.0)  # tabular
-    if kind == "image":
+    if kind in ("image", "tokens"):
         blank = decoder.decode(blank_item(manifest)).data
-    elif kind == "letters":
+    elif kind == "letters":  # every letter position the bundle takes
         blank = np.zeros((manifest.item.max_letters, 16, 8), dtype=np.float32)
-    elif kind == "tokens":
-        from service.extractors.parsing import blank_sentence
-
-        blank = blank_sentence()
     features = {}
     for name, extractor in extractors.items():
         try:

@@ -380,11 +380,6 @@ class ParseLex(_Template):
         return out
 
 
-def blank_sentence() -> Sentence:
-    """A two-token sentence to warm plugins up with."""
-    return Sentence(["a", "b"], ["DET", "NOUN"])
-
-
 #: Per-word inputs of the template-assignment policies (see :func:`policy_features`).
 POLICY_FEATURES = len(UPOS) + 2 * N_TAGS + 6
 

@@ -56,14 +56,3 @@ def stop_table(
         kept = next((stop for stop, acc in scored if acc >= top - tolerance), None)
         out.append((float(tolerance), kept))
     return out
-
-
-def choose_stop(
-    policy: AnytimePolicy,
-    problem: StructuredProblem,
-    *,
-    grid: Sequence[float] = STOP_GRID,
-    tolerance: float = STOP_TOLERANCE,
-) -> float | None:
-    """:func:`stop_table`'s threshold for one ``tolerance``."""
-    return stop_table(policy, problem, grid=grid, tolerances=(tolerance,))[0][1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,15 +19,16 @@ from training.structured.policies import (
 )
 from training.structured.problem import ChainProblem
 from training.structured.state import Template, TemplateSet, additions
-from training.structured.stops import (
-    STOP_GRID,
-    STOP_TOLERANCE,
-    STOP_TOLERANCES,
-    choose_stop,
-    stop_table,
-)
+from training.structured.stops import STOP_GRID, STOP_TOLERANCE, STOP_TOLERANCES, stop_table
 
 Y = 3
+
+
+def choose_stop(
+    policy: Any, problem: Any, *, grid: Any = STOP_GRID, tolerance: float = STOP_TOLERANCE
+) -> float | None:
+    """:func:`stop_table`'s threshold for one ``tolerance`` (the bundle's default one)."""
+    return stop_table(policy, problem, grid=grid, tolerances=(tolerance,))[0][1]
 
 
 def synthetic(n: int, seed: int = 0) -> ChainProblem:
