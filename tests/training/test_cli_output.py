@@ -125,9 +125,13 @@ def test_profile_prints_basis_and_units() -> None:
     rows = json.loads(done.stdout)
     assert {r["extractor"] for r in rows} >= {"thumbnail", "hog", "lbp"}
     assert all(r["c0"] >= 0 and r["ms_at_128px"] >= r["c0"] for r in rows)
-    table = train("profile", "--sides", "16,32", "--repeats", "3")
+    table = train("profile", "--sides", "16,64", "--repeats", "3")
     assert table.returncode == 0, table.stderr
-    assert "c0 (ms)" in table.stdout and "c1 (ms/px)" in table.stdout
+    # a slope column exactly when some curve has one (on a loaded machine every fitted slope
+    # can come out zero, and the basis is then c0 alone)
+    sloped = "c0 + c1·n" in table.stdout
+    assert sloped or "c(n) = c0," in table.stdout
+    assert "c0 (ms)" in table.stdout and ("c1 (ms/px)" in table.stdout) == sloped
     assert "n = image pixels (side²)" in table.stdout and "95% quantile" in table.stdout
     assert progress_lines(table.stderr, "profiling extractors")[-1][0] > 0
 
