@@ -8,7 +8,13 @@ from a few in-process requests at start-up, ``service.http.app``), so that the s
 - **reserve exactly it**: features are planned within what is left of a budget once the part
   of the overhead still to come after planning is set aside (:meth:`FloorMeter.reserve_ms`:
   the p95 of the time from the start of the work to the written answer, extraction
-  excluded: planning, inference, the way back to the event loop, encoding and writing);
+  excluded: planning, inference, encoding and writing);
+- **charge a worker thread's way back separately**: a plan run on a worker thread is answered
+  only once the event loop takes the request up again, which under load waits behind every
+  other request ready on the loop (:meth:`FloorMeter.resume_ms`). That wait is load, not the
+  service's own cost: left in the tail, a few thread plans' 10 ms waits under overload made
+  the p95 reserve of *every* request 4-5 ms, so that 5 ms budgets answered from the prior; it
+  is reserved by the thread plans alone;
 - **publish it**: ``GET /models/{name}`` and the skyline show the floor at each size, the
   cheapest budget that buys anything at all (:meth:`FloorMeter.floor_ms`);
 - **say when a budget is below it**: a response whose budget is under the floor for its item
@@ -20,7 +26,10 @@ recomputed every ``refresh`` samples, so recording is O(1) on the request path):
 - ``overhead``: from the app's first sight of the request to the written answer, less
   decoding, extraction, inference of the answering model and any wait for a worker thread
   (the waits for the event loop and for a thread are load, not floor);
-- ``tail``: from the start of the work to the written answer, less extraction;
+- ``tail``: from the start of the work to the written answer, less extraction and the
+  event loop's resumption after a worker thread;
+- ``resume``: from a worker thread's plan finishing to the event loop resuming its request
+  (0 until a plan ran on a thread);
 - ``decode``: milliseconds of decoding, per bundle and size bucket (powers of two), with
   the bucket's mean size, so that sizes between two buckets seen are priced between them.
 
@@ -110,6 +119,7 @@ class FloorMeter:
         self._lock = threading.Lock()
         self._overhead = self._ring(min_samples)
         self._tail = self._ring(min_samples)
+        self._resume = self._ring(1)
         # (bundle, size bucket) → rings of decoding ms and of item sizes
         self._decode: dict[tuple[str, int], tuple[_Ring, _Ring]] = {}
 
@@ -127,11 +137,15 @@ class FloorMeter:
         overhead_ms: float,
         tail_ms: float,
         decode_ms: float,
+        resume_ms: float | None = None,
     ) -> None:
-        """One answered request's samples (see the module)."""
+        """One answered request's samples (see the module); ``resume_ms`` only for a plan
+        that ran on a worker thread."""
         with self._lock:
             self._push(self._overhead, max(overhead_ms, 0.0))
             self._push(self._tail, max(tail_ms, 0.0))
+            if resume_ms is not None:
+                self._push(self._resume, max(resume_ms, 0.0))
             if size >= 1:
                 key = (bundle, _bucket(size))
                 rings = self._decode.get(key)
@@ -154,6 +168,12 @@ class FloorMeter:
         with self._lock:
             value = self._tail.value
         return self.fallback_ms if math.isnan(value) else value
+
+    def resume_ms(self) -> float:
+        """The p95 wait for the event loop after a worker thread's plan (0 before any)."""
+        with self._lock:
+            value = self._resume.value
+        return 0.0 if math.isnan(value) else value
 
     def measured(self) -> bool:
         with self._lock:
@@ -204,6 +224,7 @@ class FloorMeter:
             "samples": self._overhead.count,
             "overhead_ms": round(self.overhead_ms(), 4),
             "reserve_ms": round(self.reserve_ms(), 4),
+            "resume_ms": round(self.resume_ms(), 4),
             "by_size": [
                 {
                     "size": n,

@@ -143,9 +143,10 @@ class PredictResponse(BaseModel):
     cost: CostReport
     timings_ms: Timings
 
-    #: (receipt, start of the work, item size) as ``perf_counter()`` times: what the
-    #: handler measures the service's own cost from once the response is written.
-    _clock: tuple[float, float, int] | None = PrivateAttr(default=None)
+    #: (receipt, start of the work as ``perf_counter()`` times, item size, seconds the event
+    #: loop took to resume the request after its plan on a worker thread, None without one):
+    #: what the handler measures the service's own cost from once the response is written.
+    _clock: tuple[float, float, int, float | None] | None = PrivateAttr(default=None)
 
 
 class BatchCost(BaseModel):
