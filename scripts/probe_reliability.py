@@ -26,6 +26,9 @@ Redis, the fast upstream and the dripping one. Then, phase by phase:
 
 It prints one JSON report (and writes it with ``--out``). Exit status 1 if any 5xx or any
 request without an answer was seen.
+
+Why one file over 450 lines: it is one script run from outside, whose phases share the
+processes it starts (Redis, the upstream, the service) and the client that keeps their counts.
 """
 
 from __future__ import annotations

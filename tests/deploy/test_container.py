@@ -10,6 +10,10 @@ while a request is in flight (the request completes, the process exits 0).
 Not run: the image build itself (pip, useradd, COPY), and the image's USER — the venv's
 interpreter lives under the developer's home, which that uid cannot reach; USER and the
 ownership of /models are checked statically instead.
+
+Why one module over 450 lines: the tests share the parsed Dockerfile and the PID-1 harness
+that starts the runtime stage (namespaces, socket inodes, the blocked extras); split, each
+part would need that harness.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ rendered resource is validated against the Kubernetes JSON schemas shipped by
 kubernetes-validate (strict: unknown fields fail), then cross-checked the way no schema can:
 selectors, ports, probes and the routes they hit, HPA/PDB targets, shutdown timing, and the
 settings in the ConfigMap against service/settings.py and docker/Dockerfile.
+
+Why one module over 450 lines: every test reads the same rendered kustomization (the
+renderer and its lookups above), which a split would render again or move to a helper used
+by this file alone.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Needs `prometheus` and `promtool` on PATH: `make test` installs them
 
 Why one module over 450 lines: every test here shares one real Prometheus and one real
 budgetserve process (module fixtures); split, each file would start its own.
+
+Why one module over 450 lines: the promtool checks and the live-stack tests share the
+expression extraction and the one started stack (Prometheus scraping a real service).
 """
 
 from __future__ import annotations

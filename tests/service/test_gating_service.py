@@ -1,5 +1,9 @@
 """The gating strategy (paper 001) served end to end: a gating bundle built from real models
-(tests/gating_bundle.py), loaded and answered by the real app."""
+(tests/gating_bundle.py), loaded and answered by the real app.
+
+Why one module over 450 lines: every test serves the same built gating bundle and checks it
+against the same offline helpers (its points, expected costs, the gate's routing).
+"""
 
 from __future__ import annotations
 

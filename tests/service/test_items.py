@@ -1,6 +1,10 @@
 """Items through the real app: every PNG mode decodes to the same picture, headers over the
 pixel limit are 413 before anything decodes, and cached features are bound to the content
-(an ``id`` never makes one item's answer another's), in-process and with a real Redis."""
+(an ``id`` never makes one item's answer another's), in-process and with a real Redis.
+
+Why one module over 450 lines: one theme, the item decoders as the app serves them, with
+shared PNG builders and the digits client; cache binding and formats are too small to split.
+"""
 
 from __future__ import annotations
 
