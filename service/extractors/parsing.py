@@ -12,10 +12,14 @@ head → dependent is ``w · ψ(head, dependent)``, with the template ψ chosen 
 * ψ^Full = ψ^POS + ψ^Lex (:func:`lex_features`): the lower-cased word forms of the head,
   the dependent and their neighbours, alone and conjoined with the tags.
 
-Features are hashed into a fixed number of buckets (``buckets``, a power of two), so a
-model is one fixed-size weight array; a template returns the bucket ids of every edge a
-head heads. Training (``training/parsing``) and the service compute them with these same
-functions.
+Features are hashed into a fixed number of buckets (``buckets``, a power of two;
+``service.extractors.hashed``), so a model is one fixed-size weight array; a template
+returns the bucket ids of every edge a head heads. Training (``training/parsing``) and the
+service compute them with these same functions.
+
+Why one module over 450 lines: the plugins, the templates they compute, the length filter
+and the policies' inputs all read the same :class:`Sentence` and edge quantities, and
+training imports them together.
 
 The plugins :class:`ParsePOS` and :class:`ParseLex` compute one template for one head word
 (``params: {"word": i, ...}``): the bundle declares one extractor per (template, word
@@ -36,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.extractors.base import FloatVector
+from service.extractors.hashed import Templates
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -69,9 +74,6 @@ N_TAGS = len(UPOS) + 2
 DEFAULT_BUCKETS = 1 << 20
 MAX_BUCKETS = 1 << 24
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-_SHIFT = np.uint64(29)
-_U64 = (1 << 64) - 1
 _VERBS = (UPOS_ID["VERB"], UPOS_ID["AUX"])
 _PUNCT = (UPOS_ID["PUNCT"],)
 _CONJ = (UPOS_ID["CCONJ"], UPOS_ID["SCONJ"])
@@ -125,15 +127,6 @@ class Sentence:
         return int(self.tags.nbytes) + sum(len(f) for f in self.forms)
 
 
-def _hash(code: int, parts: Sequence[IntArray], shape: tuple[int, ...], mask: int) -> IntArray:
-    h = np.full(shape, (code * int(_MIX) + 1) & _U64, dtype=np.uint64)
-    for part in parts:
-        h ^= part.astype(np.uint64)
-        h *= _MIX
-        h ^= h >> _SHIFT
-    return (h & np.uint64(mask)).astype(np.int64)
-
-
 class _Edges:
     """Per-edge quantities for heads ``hh`` (column) × dependents ``dd`` (row)."""
 
@@ -154,18 +147,87 @@ class _Edges:
         self.db = self.right * 8 + bucket
 
 
-def _between_counts(sentence: Sentence, edges: _Edges, tags: tuple[int, ...]) -> IntArray:
-    """How many tokens strictly between head and dependent have one of ``tags``, capped at 3."""
-    hit = np.isin(sentence.tags[1:-1], tags).astype(np.int64)  # tokens 0 … n
-    cum = np.concatenate(([0], np.cumsum(hit)))  # cum[k] = hits among tokens < k
+#: Which tags each in-between count counts (verbs, punctuation, conjunctions).
+_BETWEEN = np.zeros((3, N_TAGS), dtype=np.int64)
+for _row, _group in enumerate((_VERBS, _PUNCT, _CONJ)):
+    _BETWEEN[_row, list(_group)] = 1
+
+
+def _between_counts(sentence: Sentence, edges: _Edges) -> IntArray:
+    """How many tokens strictly between head and dependent are verbs, punctuation and
+    conjunctions, each capped at 3: shape (3, heads, dependents)."""
+    hit = _BETWEEN[:, sentence.tags[1:-1]]  # tokens 0 … n
+    cum = np.zeros((3, hit.shape[1] + 1), dtype=np.int64)
+    np.cumsum(hit, axis=1, out=cum[:, 1:])  # cum[:, k] = hits among tokens < k
     lo = np.minimum(edges.hh, edges.dd)
     hi = np.maximum(edges.hh, edges.dd)
-    count: IntArray = cum[hi] - cum[lo + 1]
-    return np.minimum(np.maximum(count, 0), 3)
+    count: IntArray = cum[:, hi] - cum[:, lo + 1]
+    return np.clip(count, 0, 3)
 
 
-POS_FEATURES = 20
-LEX_FEATURES = 16
+#: ψ^POS: McDonald et al. 2005's first-order POS templates (codes 1-20; the parts are
+#: :class:`_Edges`' fields and the in-between counts).
+_POS = Templates(
+    [
+        (1, ["db"]),
+        (2, ["hp", "db"]),
+        (3, ["dp", "db"]),
+        (4, ["hp", "dp"]),
+        (5, ["hp", "dp", "db"]),
+        (6, ["hp"]),
+        (7, ["dp"]),
+        (8, ["hp", "hp_r", "dp_l", "dp", "right"]),
+        (9, ["hp_l", "hp", "dp_l", "dp", "right"]),
+        (10, ["hp", "hp_r", "dp", "dp_r", "right"]),
+        (11, ["hp_l", "hp", "dp", "dp_r", "right"]),
+        (12, ["hp", "hp_r", "dp", "db"]),
+        (13, ["hp_l", "hp", "dp", "db"]),
+        (14, ["hp", "dp_l", "dp", "db"]),
+        (15, ["hp", "dp", "dp_r", "db"]),
+        (16, ["hp", "dp", "verbs", "right"]),
+        (17, ["hp", "dp", "punct", "right"]),
+        (18, ["hp", "dp", "conj", "right"]),
+        (19, ["hp", "dp", "verbs", "punct", "db"]),
+        (20, ["hp_l", "hp", "hp_r", "dp_l", "dp", "dp_r"]),
+    ]
+)
+#: ψ^Lex: the word forms (``hw``: the head's, ``dw``: the dependent's, ``_l`` / ``_r`` their
+#: neighbours'), alone and conjoined with the tags (codes 101-116).
+_LEX = Templates(
+    [
+        (101, ["hw"]),
+        (102, ["dw"]),
+        (103, ["hw", "hp"]),
+        (104, ["dw", "dp"]),
+        (105, ["hw", "dw"]),
+        (106, ["hw", "dp", "db"]),
+        (107, ["hp", "dw", "db"]),
+        (108, ["hw", "hp", "dp"]),
+        (109, ["hp", "dw", "dp"]),
+        (110, ["hw", "hp", "dw", "dp"]),
+        (111, ["hw", "dw", "right"]),
+        (112, ["hw_l", "hp", "dp", "right"]),
+        (113, ["hw_r", "hp", "dp", "right"]),
+        (114, ["dw_l", "hp", "dp", "right"]),
+        (115, ["dw_r", "hp", "dp", "right"]),
+        (116, ["hw", "dw_l", "dw_r", "dp"]),
+    ]
+)
+POS_FEATURES = len(_POS.init)
+LEX_FEATURES = len(_LEX.init)
+
+
+def _tag_values(e: _Edges) -> dict[str, IntArray]:
+    return {
+        "db": e.db,
+        "right": e.right,
+        "hp": e.hp,
+        "hp_l": e.hp_l,
+        "hp_r": e.hp_r,
+        "dp": e.dp,
+        "dp_l": e.dp_l,
+        "dp_r": e.dp_r,
+    }
 
 
 def pos_features(
@@ -173,34 +235,9 @@ def pos_features(
 ) -> IntArray:
     """ψ^POS bucket ids, shape (len(heads), len(deps), POS_FEATURES)."""
     e = _Edges(sentence, heads, deps)
-    m = buckets - 1
-    s = e.shape
-    verbs = _between_counts(sentence, e, _VERBS)
-    punct = _between_counts(sentence, e, _PUNCT)
-    conj = _between_counts(sentence, e, _CONJ)
-    feats = [
-        _hash(1, [e.db], s, m),
-        _hash(2, [e.hp, e.db], s, m),
-        _hash(3, [e.dp, e.db], s, m),
-        _hash(4, [e.hp, e.dp], s, m),
-        _hash(5, [e.hp, e.dp, e.db], s, m),
-        _hash(6, [e.hp], s, m),
-        _hash(7, [e.dp], s, m),
-        _hash(8, [e.hp, e.hp_r, e.dp_l, e.dp, e.right], s, m),
-        _hash(9, [e.hp_l, e.hp, e.dp_l, e.dp, e.right], s, m),
-        _hash(10, [e.hp, e.hp_r, e.dp, e.dp_r, e.right], s, m),
-        _hash(11, [e.hp_l, e.hp, e.dp, e.dp_r, e.right], s, m),
-        _hash(12, [e.hp, e.hp_r, e.dp, e.db], s, m),
-        _hash(13, [e.hp_l, e.hp, e.dp, e.db], s, m),
-        _hash(14, [e.hp, e.dp_l, e.dp, e.db], s, m),
-        _hash(15, [e.hp, e.dp, e.dp_r, e.db], s, m),
-        _hash(16, [e.hp, e.dp, verbs, e.right], s, m),
-        _hash(17, [e.hp, e.dp, punct, e.right], s, m),
-        _hash(18, [e.hp, e.dp, conj, e.right], s, m),
-        _hash(19, [e.hp, e.dp, verbs, punct, e.db], s, m),
-        _hash(20, [e.hp_l, e.hp, e.hp_r, e.dp_l, e.dp, e.dp_r], s, m),
-    ]
-    return np.stack(feats, axis=-1)
+    verbs, punct, conj = _between_counts(sentence, e)
+    values = {**_tag_values(e), "verbs": verbs, "punct": punct, "conj": conj}
+    return _POS(values, e.shape, buckets - 1)
 
 
 def lex_features(
@@ -209,33 +246,16 @@ def lex_features(
     """ψ^Lex bucket ids (ψ^Full = ψ^POS + ψ^Lex), shape (len(heads), len(deps), LEX_FEATURES)."""
     e = _Edges(sentence, heads, deps)
     forms = sentence.form_ids
-    hw = forms[e.hh + 1]
-    hw_l = forms[e.hh]
-    hw_r = forms[e.hh + 2]
-    dw = forms[e.dd + 1]
-    dw_l = forms[e.dd]
-    dw_r = forms[e.dd + 2]
-    m = buckets - 1
-    s = e.shape
-    feats = [
-        _hash(101, [hw], s, m),
-        _hash(102, [dw], s, m),
-        _hash(103, [hw, e.hp], s, m),
-        _hash(104, [dw, e.dp], s, m),
-        _hash(105, [hw, dw], s, m),
-        _hash(106, [hw, e.dp, e.db], s, m),
-        _hash(107, [e.hp, dw, e.db], s, m),
-        _hash(108, [hw, e.hp, e.dp], s, m),
-        _hash(109, [e.hp, dw, e.dp], s, m),
-        _hash(110, [hw, e.hp, dw, e.dp], s, m),
-        _hash(111, [hw, dw, e.right], s, m),
-        _hash(112, [hw_l, e.hp, e.dp, e.right], s, m),
-        _hash(113, [hw_r, e.hp, e.dp, e.right], s, m),
-        _hash(114, [dw_l, e.hp, e.dp, e.right], s, m),
-        _hash(115, [dw_r, e.hp, e.dp, e.right], s, m),
-        _hash(116, [hw, dw_l, dw_r, e.dp], s, m),
-    ]
-    return np.stack(feats, axis=-1)
+    values = {
+        **_tag_values(e),
+        "hw": forms[e.hh + 1],
+        "hw_l": forms[e.hh],
+        "hw_r": forms[e.hh + 2],
+        "dw": forms[e.dd + 1],
+        "dw_l": forms[e.dd],
+        "dw_r": forms[e.dd + 2],
+    }
+    return _LEX(values, e.shape, buckets - 1)
 
 
 @dataclass(frozen=True)

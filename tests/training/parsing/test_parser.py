@@ -9,9 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.extractors import parsing
+from service.extractors.hashed import hash_template
 from service.extractors.parsing import (
     LEX_FEATURES,
     POS_FEATURES,
+    UPOS,
     ParseLex,
     ParsePOS,
     Sentence,
@@ -144,6 +147,43 @@ def test_plugins_compute_the_training_templates() -> None:
     other = Sentence(["A", "dog", "ran", "in", "a", "park", "!"], sentence.upos)
     assert (pos_features(other, heads, deps) == pos).all()
     assert (lex_features(other, heads, deps) != lex).any()
+
+
+@pytest.mark.parametrize("table", ["pos", "lex"])
+def test_templates_computed_together_equal_each_template_hashed_alone(table: str) -> None:
+    """The vectorised templates (one array of edges x templates, mixed part by part) give
+    every template's ids exactly as :func:`hash_template` defines them, for any heads, dependents
+    and bucket count: the bundles' weights are indexed by these ids."""
+    templates = parsing._POS if table == "pos" else parsing._LEX
+    features = pos_features if table == "pos" else lex_features
+    rng = np.random.default_rng(11)
+    words = ["the", "Cat", "sat", ".", "on", "a", "mat", "and", "ran", ",", "quickly"]
+    for trial in range(60):
+        n = int(rng.integers(1, 30))
+        sentence = Sentence(
+            [words[i] for i in rng.integers(0, len(words), n)],
+            [UPOS[i] for i in rng.integers(0, len(UPOS), n)],
+        )
+        heads = np.arange(n + 1) if trial % 2 else rng.integers(0, n + 1, 3)
+        deps = np.sort(rng.choice(np.arange(1, n + 1), int(rng.integers(1, n + 1)), replace=False))
+        buckets = (1 << 20, 1 << 12, 2)[trial % 3]
+        e = parsing._Edges(sentence, heads, deps)
+        verbs, punct, conj = parsing._between_counts(sentence, e)
+        forms = sentence.form_ids
+        values = {
+            **parsing._tag_values(e),
+            **{"verbs": verbs, "punct": punct, "conj": conj},
+            **{"hw": forms[e.hh + 1], "hw_l": forms[e.hh], "hw_r": forms[e.hh + 2]},
+            **{"dw": forms[e.dd + 1], "dw_l": forms[e.dd], "dw_r": forms[e.dd + 2]},
+        }
+        expected = np.stack(
+            [
+                hash_template(code, [values[p] for p in parts], e.shape, buckets - 1)
+                for code, parts in templates.templates
+            ],
+            axis=-1,
+        )
+        np.testing.assert_array_equal(features(sentence, heads, deps, buckets), expected)
 
 
 def test_templates_refuse_what_they_cannot_serve() -> None:
