@@ -440,6 +440,41 @@ def test_no_acquisition_starts_that_the_budget_cannot_pay_with_the_decode(
 
 
 @pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
+def test_every_word_gets_its_pos_template_before_the_policy_inputs(
+    parser_bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
+) -> None:
+    """A budget that pays every word's ψ^POS and the decode but not the policy's inputs
+    too: every word is parsed with ψ^POS (the inputs, bought first, left the last words
+    without a template, and their arcs scored 0); with room for the inputs, they come next."""
+    from service.execution import DeclaredCost, ExtractorSource, run_session
+    from service.registry import load_bundle
+
+    bundle = load_bundle(parser_bundle_dir, 1 << 20)
+    runtime = bundle.strategy(strategy)
+    sentence, _ = held_out[2]
+    n = len(sentence)
+    per_feature = runtime.costs.at(n)
+    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
+    pos = {f"pos@{i}" for i in range(n + 1)}
+    base = sum(per_feature[name] for name in pos) + decode
+    assert per_feature["words"] > 0.01
+    for budget, words in (
+        (base + per_feature["words"] / 2, False),
+        (base + 2 * per_feature["words"], True),
+    ):
+        run = run_session(
+            runtime,
+            n,
+            budget,
+            {},
+            ExtractorSource(bundle.extractors, sentence),
+            DeclaredCost(per_feature),
+        )
+        assert pos <= set(run.acquired), sorted(pos - set(run.acquired))
+        assert ("words" in run.acquired) == words, sorted(run.acquired)
+
+
+@pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
 def test_a_request_running_slower_than_predicted_prices_what_is_left_so(
     parser_bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
 ) -> None:
