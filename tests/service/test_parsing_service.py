@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from service.bundle import ParserStrategy, read_manifest
 from service.cache import InProcessCache
+from service.execution import DeclaredCost, ExtractorSource, run_session
 from service.extractors.parsing import Sentence
 from service.http.app import create_app
 from service.settings import Settings
@@ -410,21 +411,32 @@ def test_the_length_filter_keeps_every_training_arc_and_the_roots() -> None:
         LengthFilter.of([1, 2, 3])
 
 
+def session_parts(
+    bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
+) -> tuple[Any, Any, Sentence, dict[str, float], float]:
+    """The parser bundle, its ``strategy`` runtime, a held-out sentence, each template's
+    predicted cost at its length and the decode's: what the session tests run a
+    session on (with ``run_session``, outside the HTTP layer)."""
+    from service.registry import load_bundle
+
+    bundle = load_bundle(bundle_dir, 1 << 20)
+    runtime = bundle.strategy(strategy)
+    sentence, _ = held_out[2]
+    n = len(sentence)
+    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
+    return bundle, runtime, sentence, runtime.costs.at(n), decode
+
+
 @pytest.mark.parametrize("strategy", ["anytime", "oneshot", "myopic"])
 def test_no_acquisition_starts_that_the_budget_cannot_pay_with_the_decode(
     parser_bundle_dir: Path, strategy: str, held_out: list[tuple[Sentence, np.ndarray]]
 ) -> None:
     """Charged each template's predicted cost (no misprediction), a session never overruns:
     what it acquired plus the decode fits every budget, from nothing to everything."""
-    from service.execution import DeclaredCost, ExtractorSource, run_session
-    from service.registry import load_bundle
-
-    bundle = load_bundle(parser_bundle_dir, 1 << 20)
-    runtime = bundle.strategy(strategy)
-    sentence, _ = held_out[2]
+    bundle, runtime, sentence, per_feature, decode = session_parts(
+        parser_bundle_dir, strategy, held_out
+    )
     n = len(sentence)
-    per_feature = runtime.costs.at(n)
-    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
     names = ["words", *(f"pos@{i}" for i in range(n + 1)), *(f"lex@{i}" for i in range(1, n + 1))]
     everything = sum(per_feature[name] for name in names) + decode
     sizes = set()
@@ -446,15 +458,10 @@ def test_every_word_gets_its_pos_template_before_the_policy_inputs(
     """A budget that pays every word's ψ^POS and the decode but not the policy's inputs
     too: every word is parsed with ψ^POS (the inputs, bought first, left the last words
     without a template, and their arcs scored 0); with room for the inputs, they come next."""
-    from service.execution import DeclaredCost, ExtractorSource, run_session
-    from service.registry import load_bundle
-
-    bundle = load_bundle(parser_bundle_dir, 1 << 20)
-    runtime = bundle.strategy(strategy)
-    sentence, _ = held_out[2]
+    bundle, runtime, sentence, per_feature, decode = session_parts(
+        parser_bundle_dir, strategy, held_out
+    )
     n = len(sentence)
-    per_feature = runtime.costs.at(n)
-    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
     pos = {f"pos@{i}" for i in range(n + 1)}
     base = sum(per_feature[name] for name in pos) + decode
     assert per_feature["words"] > 0.01
@@ -482,16 +489,11 @@ def test_a_request_running_slower_than_predicted_prices_what_is_left_so(
     learns the slowdown from its first acquisition and prices the rest, decode included, at
     it, so only that first acquisition, made before anything was measured, can overrun the
     budget. (Priced at the prediction alone, later acquisitions overran too.)"""
-    from service.execution import DeclaredCost, ExtractorSource, run_session
-    from service.registry import load_bundle
-
-    bundle = load_bundle(parser_bundle_dir, 1 << 20)
-    runtime = bundle.strategy(strategy)
-    sentence, _ = held_out[2]
+    bundle, runtime, sentence, per_feature, decode = session_parts(
+        parser_bundle_dir, strategy, held_out
+    )
     n = len(sentence)
-    per_feature = runtime.costs.at(n)
     doubled = {name: 2.0 * cost for name, cost in per_feature.items()}
-    decode = runtime.spec.decode_cost(n)  # type: ignore[attr-defined]
     everything = 2.0 * (sum(per_feature.values()) + decode)
     slowdowns, sizes = set(), set()
     for budget in np.linspace(0.0, everything, 80)[1:]:
