@@ -159,8 +159,11 @@ class PredictHandler:
       moment the answer is made, on the event loop, after any worker thread: reading the
       body, decoding, the cache read, the wait for a thread and the way back are charged,
       and features are planned with what is left when work starts, less the measured
-      reserve for the work after planning (``service.floor``). Under load the service thus
-      degrades accuracy, not latency.
+      reserve for the work after planning (``service.floor``) and, for a plan on a worker
+      thread, the measured wait for the event loop to take the request back
+      (:meth:`~service.floor.FloorMeter.resume_ms`). Under load the service thus degrades
+      accuracy, not latency; behind a standing queue it refuses what can no longer buy an
+      answer (:meth:`_admit_by_deadline`).
     - ``"work"``: only the work is charged (the cache read, then the plan / extract / infer
       loop); the wait is reported, not charged.
 
