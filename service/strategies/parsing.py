@@ -129,6 +129,7 @@ class ParserSession(Session):
         self.slowdown = 1.0
         self._pending: tuple[str, float] | None = None  # (acquired, spent when asked)
         self._base = 0  # the first word whose ψ^POS may not be in hand yet
+        self._stale_ms = 0.0  # ms spent in this step since its observation
 
     # -- the plan -------------------------------------------------------------------------
     def _decide(self, features: Mapping[str, FloatVector]) -> None:
@@ -161,7 +162,8 @@ class ParserSession(Session):
         cannot, so a request overruns its budget by at most the misprediction of its last
         acquisition and of the decode beyond the slowdown its earlier steps showed."""
         cost = self.per_feature.get(name, 0.0)
-        return affordable((cost + self.decode_cost) * self.slowdown, obs.remaining, obs.budget)
+        left = obs.remaining - self._stale_ms
+        return affordable((cost + self.decode_cost) * self.slowdown, left, obs.budget)
 
     def _measure(self, obs: Observation) -> None:
         """Learn from the last acquisition how much dearer than predicted this request's
@@ -190,6 +192,7 @@ class ParserSession(Session):
 
     def step(self, obs: Observation) -> Step:
         self._measure(obs)
+        self._stale_ms = 0.0
         features = obs.features
         policy = self.rt.spec.policy
         if not self.plan.decided:
@@ -206,7 +209,10 @@ class ParserSession(Session):
                         self.stopped_by_budget = True
                         return self._answer(features)
                     return self._acquire(name, obs)
+            started = time.perf_counter()
             self._decide(features)
+            # the policy's own time, spent since ``obs`` was measured, is not left either
+            self._stale_ms = (time.perf_counter() - started) * 1e3
         while True:
             queue = self.plan.queue
             while queue and queue[0] in features:
