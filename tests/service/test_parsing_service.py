@@ -9,6 +9,7 @@ and the held-out sentences read once; a split would train it once per module.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -479,6 +480,39 @@ def test_every_word_gets_its_pos_template_before_the_policy_inputs(
         )
         assert pos <= set(run.acquired), sorted(pos - set(run.acquired))
         assert ("words" in run.acquired) == words, sorted(run.acquired)
+
+
+def test_the_policys_own_time_is_charged_before_the_next_template(
+    parser_bundle_dir: Path,
+    held_out: list[tuple[Sentence, np.ndarray]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A budget with room for every ψ^POS, the policy's inputs, the decode and 2 ms more
+    (several ψ^Lex): with the policy taking 5 ms to score its inputs, nothing is left when
+    it is done, and no ψ^Lex starts (priced with the time measured before the policy ran,
+    upgrades started and the request overran by the policy's time)."""
+    bundle, runtime, sentence, per_feature, decode = session_parts(
+        parser_bundle_dir, "anytime", held_out
+    )
+    n = len(sentence)
+    base = sum(per_feature[f"pos@{i}"] for i in range(n + 1)) + per_feature["words"] + decode
+    assert 2 * per_feature["lex@1"] < 2.0
+
+    def run(slow: bool) -> list[str]:
+        if slow:
+            scores = type(runtime).word_scores
+
+            def slow_scores(self: Any, *args: Any) -> Any:
+                time.sleep(0.005)
+                return scores(self, *args)
+
+            monkeypatch.setattr(type(runtime), "word_scores", slow_scores)
+        source = ExtractorSource(bundle.extractors, sentence)
+        done = run_session(runtime, n, base + 2.0, {}, source, DeclaredCost(per_feature))
+        return [name for name in done.acquired if name.startswith("lex@")]
+
+    assert run(slow=False), "2 ms buy upgrades"
+    assert run(slow=True) == []
 
 
 @pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
