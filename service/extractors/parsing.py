@@ -1,5 +1,9 @@
 """Dependency-parsing feature templates (paper 004, Section 4) as extractor plugins.
 
+Why the module stays whole (over 450 lines): the plugins, the templates they compute, the
+length filter and the policies' inputs all read the same :class:`Sentence` and edge
+quantities, and training imports them together.
+
 A sentence (:class:`Sentence`: word forms and universal POS tags, token 0 being the
 artificial root) is parsed by a first-order, arc-factored model: the score of the edge
 head → dependent is ``w · ψ(head, dependent)``, with the template ψ chosen per *head word*
@@ -16,10 +20,6 @@ Features are hashed into a fixed number of buckets (``buckets``, a power of two;
 ``service.extractors.hashed``), so a model is one fixed-size weight array; a template
 returns the bucket ids of every edge a head heads. Training (``training/parsing``) and the
 service compute them with these same functions.
-
-Why one module over 450 lines: the plugins, the templates they compute, the length filter
-and the policies' inputs all read the same :class:`Sentence` and edge quantities, and
-training imports them together.
 
 The plugins :class:`ParsePOS` and :class:`ParseLex` compute one template for one head word
 (``params: {"word": i, ...}``): the bundle declares one extractor per (template, word
@@ -128,23 +128,24 @@ class Sentence:
 
 
 class _Edges:
-    """Per-edge quantities for heads ``hh`` (column) × dependents ``dd`` (row)."""
+    """Per-edge quantities for heads ``hh`` (column) × dependents ``dd`` (row): ``tags``,
+    the templates' non-lexical parts by name (``hp``: the head's tag, ``dp``: the
+    dependent's, ``_l`` / ``_r`` their neighbours'; ``right``: the edge's direction; ``db``:
+    direction and distance bucket)."""
 
     def __init__(self, sentence: Sentence, heads: IntArray, deps: IntArray) -> None:
-        self.hh = heads.reshape(-1, 1)
-        self.dd = deps.reshape(1, -1)
-        self.shape = (self.hh.shape[0], self.dd.shape[1])
+        self.hh = hh = heads.reshape(-1, 1)
+        self.dd = dd = deps.reshape(1, -1)
+        self.shape = (hh.shape[0], dd.shape[1])
         tags = sentence.tags
-        self.hp = tags[self.hh + 1]
-        self.hp_l = tags[self.hh]
-        self.hp_r = tags[self.hh + 2]
-        self.dp = tags[self.dd + 1]
-        self.dp_l = tags[self.dd]
-        self.dp_r = tags[self.dd + 2]
-        dist = np.abs(self.dd - self.hh)
+        dist = np.abs(dd - hh)
         bucket = np.where(dist <= 5, dist, np.where(dist <= 10, 6, 7))
-        self.right = (self.dd > self.hh).astype(np.int64)
-        self.db = self.right * 8 + bucket
+        right = (dd > hh).astype(np.int64)
+        self.tags: dict[str, IntArray] = {
+            **{"hp_l": tags[hh], "hp": tags[hh + 1], "hp_r": tags[hh + 2]},
+            **{"dp_l": tags[dd], "dp": tags[dd + 1], "dp_r": tags[dd + 2]},
+            **{"right": right, "db": right * 8 + bucket},
+        }
 
 
 #: Which tags each in-between count counts (verbs, punctuation, conjunctions).
@@ -217,26 +218,13 @@ POS_FEATURES = len(_POS.init)
 LEX_FEATURES = len(_LEX.init)
 
 
-def _tag_values(e: _Edges) -> dict[str, IntArray]:
-    return {
-        "db": e.db,
-        "right": e.right,
-        "hp": e.hp,
-        "hp_l": e.hp_l,
-        "hp_r": e.hp_r,
-        "dp": e.dp,
-        "dp_l": e.dp_l,
-        "dp_r": e.dp_r,
-    }
-
-
 def pos_features(
     sentence: Sentence, heads: IntArray, deps: IntArray, buckets: int = DEFAULT_BUCKETS
 ) -> IntArray:
     """ψ^POS bucket ids, shape (len(heads), len(deps), POS_FEATURES)."""
     e = _Edges(sentence, heads, deps)
     verbs, punct, conj = _between_counts(sentence, e)
-    values = {**_tag_values(e), "verbs": verbs, "punct": punct, "conj": conj}
+    values = {**e.tags, "verbs": verbs, "punct": punct, "conj": conj}
     return _POS(values, e.shape, buckets - 1)
 
 
@@ -247,7 +235,7 @@ def lex_features(
     e = _Edges(sentence, heads, deps)
     forms = sentence.form_ids
     values = {
-        **_tag_values(e),
+        **e.tags,
         "hw": forms[e.hh + 1],
         "hw_l": forms[e.hh],
         "hw_r": forms[e.hh + 2],

@@ -171,7 +171,7 @@ def test_templates_computed_together_equal_each_template_hashed_alone(table: str
         verbs, punct, conj = parsing._between_counts(sentence, e)
         forms = sentence.form_ids
         values = {
-            **parsing._tag_values(e),
+            **e.tags,
             **{"verbs": verbs, "punct": punct, "conj": conj},
             **{"hw": forms[e.hh + 1], "hw_l": forms[e.hh], "hw_r": forms[e.hh + 2]},
             **{"dw": forms[e.dd + 1], "dw_l": forms[e.dd], "dw_r": forms[e.dd + 2]},
