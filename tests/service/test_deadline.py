@@ -290,9 +290,9 @@ def test_a_burst_degrades_then_the_plans_come_back(
     factors = {n: bundle.calibrator.factor(n, size) for n in bundle.extractors}
     grown = {n: factors[n] / factors_before[n] for n in factors}
     # (CPU time on a shared VM counts the hypervisor's steal, and a 0.05 ms extractor's
-    # ratio moves with it: x2.2, x3.1 and x3.5 were seen for one extractor in CI-style runs;
-    # the wall-time estimator gave x10-x100)
-    assert max(grown.values()) < 5.0, (factors_before, factors)
+    # ratio moves with it: x2.2, x3.1, x3.5 and, in a fresh-clone CI run on 2026-11-28,
+    # x5.5 (`projection`) were seen for one extractor; the wall-time estimator gave x10-x100)
+    assert max(grown.values()) < 8.0, (factors_before, factors)
 
 
 def test_a_plan_is_priced_by_the_requests_it_would_delay() -> None:
