@@ -440,7 +440,15 @@ def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
                 )
             continue
         methods = ["cstc", "cscc", "root-only"] if task.key == "pima" else ["cstc", "root-only"]
-        runs.append(served.Run(task, "CSTC", cstc_spec(task, methods), build_cstc_bundle))
+        runs.append(
+            served.Run(
+                task,
+                "CSTC",
+                cstc_spec(task, methods),
+                build_cstc_bundle,
+                {"notes": _tree_notes},
+            )
+        )
     return served.write_report(
         "cstc",
         "CSTC / CSCC bundles served over HTTP against the best fixed sensor subset (issue 25)",
@@ -450,6 +458,34 @@ def served_main(keys: Sequence[str] = SERVED_TASKS, out: Path = OUT) -> Path:
         out,
         _balanced_lines,
     )
+
+
+def _tree_notes(result: Any, task: Any, share: float = 0.6) -> list[str]:
+    """The trees' own points (``cstc``, ``cstc-exit``) in the bundle: the one chosen on
+    validation (the best validation accuracy at a validation cost within ``share`` of every
+    sensor's cost) and its test numbers from the build's sweep (walks equal to the served
+    ones: ``tests/service/test_cstc_service.py``)."""
+    sweep = result.manifest.provenance.parameters["sweep"]
+    kept = {p.id for s in result.manifest.strategies for p in getattr(s, "points", [])}
+    trees = [r for r in sweep if r["method"] in ("cstc", "cstc-exit") and r["id"] in kept]
+    if not trees:
+        return ["No tree point is in the bundle (none on the validation Pareto set)."]
+    cap = share * task.full_cost
+    fits = [r for r in trees if r["validation_cost"] <= cap + 1e-9]
+    line = (
+        f"Tree points in the bundle: {len(trees)} "
+        f"({sum(r['method'] == 'cstc-exit' for r in trees)} with confidence exits). "
+    )
+    if not fits:
+        return [line + f"None costs at most {100 * share:.0f} % of every sensor's cost ({cap:g})."]
+    best = max(fits, key=lambda r: (r["validation_accuracy"], -r["validation_cost"]))
+    return [
+        line + f"At most {100 * share:.0f} % of every sensor's cost ({cap:g}), the tree point "
+        f"chosen on validation is `{best['id']}`: test {100 * best['test_accuracy']:.2f} % at "
+        f"an average cost of {best['test_cost']:.2f} (validation "
+        f"{100 * best['validation_accuracy']:.2f} % at {best['validation_cost']:.2f}; from the "
+        "build's sweep: the point pinned alone, its walks the served ones)."
+    ]
 
 
 def _balanced_lines(res: Any) -> list[str]:

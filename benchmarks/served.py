@@ -257,11 +257,13 @@ def run_method(
     f1_alone: Callable[[Any, str, FloatArray], BoolArray | None] | None = None,
     adaptive_only: bool = False,
     variants: Sequence[Variant] = VARIANTS,
+    notes: Callable[[Any, Task], list[str]] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[Served]:
     """Build per seed, serve every test row at every budget once per variant (the bundle's
     margin as built, or set in its manifest), pool the seeds: one :class:`Served` per
-    variant."""
+    variant. ``notes``: lines about each seed's build result, added to every variant's
+    report."""
     import redis
 
     outs = [Served(method + v.suffix, task, mean=v.mean) for v in variants]
@@ -281,6 +283,9 @@ def run_method(
         result = build(folder / name, spec, task.x, task.y, task.columns)
         for out in outs:
             out.build_seconds += time.perf_counter() - t0
+        if notes is not None:
+            for out in outs:
+                out.notes += notes(result, task)
         if adaptive_only:  # to compare two methods' adaptive points (never in a bundle)
             _edit_strategies(folder / name, {"fixed": []})
         log(f"{name}: built in {time.perf_counter() - t0:.0f} s")

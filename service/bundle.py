@@ -667,10 +667,19 @@ class CstcNode(_Strict):
         default=None,
         gt=0,
         le=1,
-        description="a confidence exit (cascades): the node answers when its model's top "
-        "class probability is at least this, else the walk goes on to its one child; its "
-        "routing weights are then not used",
+        description="a confidence exit: the node answers when its model's top class "
+        "probability is at least this, else the walk goes on: to its one child (a cascade's "
+        "stage; its routing weights are then not used) or, with two children (a tree's "
+        "routing node), by its routing score",
     )
+
+    @property
+    def scores_routes(self) -> bool:
+        """Whether the walk leaves this node by its routing score (a node with children,
+        unless a confidence exit sends it on to its one child)."""
+        if self.upper is None and self.lower is None:
+            return False
+        return self.exit_confidence is None or (self.upper is not None and self.lower is not None)
 
 
 class CstcPoint(_Strict):
@@ -678,7 +687,7 @@ class CstcPoint(_Strict):
     node 0 is the root; children come after their parent."""
 
     id: str
-    method: str = Field(description="cstc | cscc | cronus | root-only")
+    method: str = Field(description="cstc | cscc | cronus | root-only | cscc-exit | cstc-exit")
     lam: float = Field(ge=0)
     mean_cost: float = Field(ge=0, description="average cost per validation row")
     accuracy: float = Field(ge=0, le=1, description="validation accuracy of the hard walk")
@@ -706,12 +715,13 @@ class CstcPoint(_Strict):
                         f"must come after its parent and be one of the {len(self.nodes)} nodes"
                     )
             routes = node.upper is not None or node.lower is not None
-            if node.exit_confidence is not None and (node.upper is None) == (node.lower is None):
+            if node.exit_confidence is not None and not routes:
                 raise ValueError(
-                    f"cstc point {self.id!r}: node {index} has a confidence exit, so exactly "
-                    "one child (where the walk goes on when the model is not confident)"
+                    f"cstc point {self.id!r}: node {index} has a confidence exit but no child "
+                    "(where the walk goes on when the model is not confident); a leaf answers "
+                    "without one: drop its exit_confidence"
                 )
-            if routes and not node.route_weights and node.features and node.exit_confidence is None:
+            if node.scores_routes and node.features and not node.route_weights:
                 raise ValueError(f"cstc point {self.id!r}: node {index} routes without weights")
         if self.feature_rates is not None:
             read = {f for node in self.nodes for f in node.features}
@@ -783,8 +793,7 @@ class CstcStrategy(AdaptiveWithFixed):
                         f"bought when it is at the node (it holds {sorted(in_hand)})"
                     )
                 width = sum(dims[f] for f in node.features)
-                routes = node.upper is not None or node.lower is not None
-                if routes and node.exit_confidence is None and len(node.route_weights) != width:
+                if node.scores_routes and len(node.route_weights) != width:
                     raise ValueError(
                         f"{where}: {len(node.route_weights)} route weights for {width} inputs"
                     )

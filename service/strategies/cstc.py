@@ -12,8 +12,9 @@ weights (an exactly rounded sum, so the walk is the trained model's to the last 
 goes to the upper child when it is > 0, to the lower one otherwise; a node without that
 child (a terminal element, a cascade's early exit, a leaf) answers with its own model. A node
 with a confidence exit (``exit_confidence``) answers when its model's top class probability
-reaches that level and otherwise goes on to its one child (the decision's ``scores`` then hold
-those probabilities).
+reaches that level and otherwise goes on: to its one child (a cascade's stage) or by its
+routing score (a tree's routing node). The decision's ``scores`` hold, in walk order, each
+exit's probability and each routing score (a tree's exit node adds both).
 
 The budget is a hard cap, re-checked before every node: when the next node's missing
 features do not fit in what is left, the walk stops and the node reached last (its
@@ -104,10 +105,11 @@ class CstcSession(Session):
                 self.scores.append(top)
                 if top >= node.exit_confidence:
                     return Answer(node.model)
-                nxt = node.upper if node.upper is not None else node.lower
-                assert nxt is not None  # one child: checked when the manifest is read
-                self.current = nxt
-                continue
+                if not node.scores_routes:  # a cascade's stage: on to its one child
+                    nxt = node.upper if node.upper is not None else node.lower
+                    assert nxt is not None  # a child: checked when the manifest is read
+                    self.current = nxt
+                    continue
             score = route_score(node, in_hand)
             self.scores.append(score)
             child = node.upper if score > 0 else node.lower

@@ -5,6 +5,7 @@ trained model's (path, features acquired per node, cost, prediction) on held-out
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from service.http import create_app
 from service.settings import Settings
 from tests.support.cstc_bundle import COLUMNS, COSTS, SENSORS, build
 from tests.support.sensor_store import SensorStore, StoreClient
-from training.bundles.cstc import CstcBuildResult, cascade_order, exit_answers
+from training.bundles.cstc import CstcBuildResult, exit_answers
 
 pytestmark = pytest.mark.redis
 
@@ -231,7 +232,8 @@ def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
     assert tuned.test_rows is not None
     X_test, _ = tuned.test_rows
     classes = np.asarray(manifest.classes)
-    exits = 0
+    exits: Counter[str] = Counter()  # exit points' methods, per row walked
+    early = 0  # rows a tree's exit answered before a leaf
     with StoreClient(create_app(settings, cache=InProcessCache(1 << 20))) as client:
         for point in spec.points:
             est, fits = tuned.estimators[point.id], tuned.node_fits[point.id]
@@ -243,16 +245,21 @@ def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
                     "budget": 1000.0,
                 }
                 answer = client.post("/predict", json=body).json()
-                level = point.nodes[0].exit_confidence
-                if level is None:
+                at = [n.exit_confidence is not None for n in point.nodes]
+                if not any(at):
                     walk = est.walk(row.reshape(1, -1))[0]
                     path, end = walk.path, walk.node
-                else:  # a cascade with confidence exits: it leaves where its model is sure
-                    exits += 1
+                else:  # confidence exits: the walk leaves where the node's model is sure
+                    exits[point.method] += 1
+                    level = next(n.exit_confidence for n in point.nodes if n.exit_confidence)
                     costs = [COSTS[s] for s in SENSORS]
-                    end = int(exit_answers(est, fits, level, row.reshape(1, -1), costs)[2][0])
-                    order = cascade_order(est)
-                    path = order[: order.index(end) + 1]
+                    _, cost, ends, paths = exit_answers(
+                        est, fits, level, row.reshape(1, -1), costs, at
+                    )
+                    end, path = int(ends[0]), paths[0]
+                    assert answer["cost"]["spent"] == pytest.approx(cost[0]), (point.id, i)
+                    node = point.nodes[end]
+                    early += point.method == "cstc-exit" and node.upper is not None
                 assert answer["decision"]["nodes"] == path, (point.id, i)
                 want = classes[np.argmax(fits[end].predict_proba(row.reshape(1, -1))[0])]
                 assert answer["prediction"] == want, (point.id, i)
@@ -265,4 +272,33 @@ def test_refit_nodes_answer_with_what_the_path_bought_as_trained(
         f.model: f.accuracy for f in spec.fixed
     }
     assert ranks[served] == pytest.approx(max(ranks.values()))
-    assert exits, "a cascade with confidence exits is among the points served"
+    assert exits["cscc-exit"] and exits["cstc-exit"], f"exit points served: {exits}"
+    assert early, "no row left a tree at a routing node by its confidence exit"
+
+
+def test_a_tree_exit_point_is_checked_when_the_manifest_is_read(tuned: CstcBuildResult) -> None:
+    """A tree's exit point keeps its routing weights on the nodes that route both ways; a
+    leaf given an exit (nowhere to go on to) or a two-way exit node without weights is
+    refused, with which node and why."""
+    from pydantic import ValidationError
+
+    from service.bundle import CstcPoint
+
+    point = next(p for p in strategy(tuned).points if p.method == "cstc-exit")
+    two_way = [
+        k
+        for k, n in enumerate(point.nodes)
+        if n.upper is not None and n.lower is not None and n.features
+    ]
+    assert two_way and all(point.nodes[k].exit_confidence for k in two_way)
+    assert all(point.nodes[k].scores_routes and point.nodes[k].route_weights for k in two_way)
+    leaf = next(k for k, n in enumerate(point.nodes) if n.upper is None and n.lower is None)
+    assert point.nodes[leaf].exit_confidence is None
+    raw = point.model_dump()
+    raw["nodes"][leaf]["exit_confidence"] = 0.9
+    with pytest.raises(ValidationError, match=f"node {leaf} has a confidence exit but no child"):
+        CstcPoint.model_validate(raw)
+    raw = point.model_dump()
+    raw["nodes"][two_way[0]]["route_weights"] = []
+    with pytest.raises(ValidationError, match=f"node {two_way[0]} routes without weights"):
+        CstcPoint.model_validate(raw)

@@ -60,7 +60,11 @@ class CstcSpec(WithFixedSubsets, TabularSpec):
     bought when it is there (the node's and its ancestors'; LightGBM or logistic regression,
     chosen on the validation rows, :mod:`training.fixed_subsets`): the tree's routing and
     costs are CSTC's, its answers non-linear; ``linear``: the trained linear node itself.
-    ``fixed``: the fixed-subset search (false: no fixed points, and linear nodes)."""
+    ``fixed``: the fixed-subset search (false: no fixed points, and linear nodes). With
+    tuned nodes, each CSCC cascade and CSTC tree also gives one point per ``exit_levels``
+    level: the same walk, but a node (a cascade's stage, a tree's routing node) answers as
+    soon as its model's top class probability reaches the level, so confident items stop
+    early and pay less."""
 
     methods: list[str] | None = None  # default: ["cstc", "root-only"]; cascade: ["cscc", ...]
     cascade: bool = False
@@ -234,35 +238,67 @@ def cascade_order(est: CSTCClassifier) -> list[int]:
         order.append(k)
 
 
+EXIT_METHODS = {"cscc": "cscc-exit", "cstc": "cstc-exit"}
+
+
+def exit_nodes(est: CSTCClassifier, method: str) -> list[bool]:
+    """Per node, whether it has a confidence exit in ``method``'s exit points: a cascade's
+    stages (one child: where the walk goes on), a tree's routing nodes (two children: the
+    walk goes on by its routing score). A leaf has none: it answers."""
+    both = method != "cscc"
+    return [
+        (n.upper is not None and n.lower is not None)
+        if both
+        else (n.upper is None) != (n.lower is None)
+        for n in est.export_nodes_
+    ]
+
+
 def exit_answers(
     est: CSTCClassifier,
     node_fits: list[SubsetFit],
     level: float,
     X: npt.NDArray[np.float64],
     group_costs: list[float],
-) -> tuple[npt.NDArray[Any], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """A cascade with confidence exits (``exit_confidence``): each row walks its stages and
-    leaves at the first whose node model's top class probability reaches ``level`` (or at
-    the last). Predictions, each row's cost (the sensors bought up to there) and the node it
-    left at."""
-    order = cascade_order(est)
+    exits: list[bool] | None = None,
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.float64], npt.NDArray[np.int64], list[list[int]]]:
+    """A tree or cascade with confidence exits (``exit_confidence`` on the nodes ``exits``
+    marks; default: a cascade's stages): each row walks from the root; at a node with an
+    exit it leaves when the node model's top class probability reaches ``level``, else goes
+    on (to its one child, or by its routing score to one of two); elsewhere it routes as
+    the tree does, leaving at a leaf or a terminal element. Predictions, each row's cost
+    (the sensors bought up to where it left), the node it left at and its path: the
+    service's walk (:class:`service.strategies.cstc.CstcSession`) step for step."""
+    nodes = est.export_nodes_
+    exits = exit_nodes(est, "cscc") if exits is None else exits
+    held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
     n = len(X)
+    at = np.zeros(n, dtype=np.int64)
     left = np.full(n, -1, dtype=np.int64)
     pred = np.zeros(n, dtype=np.int64)
-    held: set[int] = set()
-    cost = np.zeros(n)
-    for position, k in enumerate(order):
-        held |= set(est.export_nodes_[k].groups)
-        open_rows = np.flatnonzero(left < 0)
-        if open_rows.size == 0:
-            break
-        proba = node_fits[k].predict_proba(X[open_rows])
-        leave = (np.max(proba, axis=1) >= level) | (position == len(order) - 1)
-        rows = open_rows[leave]
-        left[rows] = k
-        pred[rows] = np.argmax(proba[leave], axis=1)
-        cost[rows] = sum(group_costs[g] for g in held)
-    return np.asarray(est.classes_[pred]), cost, left
+    paths: list[list[int]] = [[] for _ in range(n)]
+    for k, node in enumerate(nodes):  # a child comes after its parent
+        rows = np.flatnonzero((at == k) & (left < 0))
+        if rows.size == 0:
+            continue
+        proba = node_fits[k].predict_proba(X[rows])
+        top = np.argmax(proba, axis=1)
+        sure = (np.max(proba, axis=1) >= level) & exits[k]
+        for j, i in enumerate(rows):
+            paths[i].append(k)
+            nxt: int | None
+            if exits[k] and not sure[j] and (node.upper is None or node.lower is None):
+                nxt = node.upper if node.upper is not None else node.lower
+            elif (exits[k] and sure[j]) or not node.routes:
+                nxt = None
+            else:
+                nxt = node.upper if node.score(X[i].tolist()) > 0 else node.lower
+            if nxt is None:
+                left[i], pred[i] = k, top[j]
+            else:
+                at[i] = nxt
+    cost = np.asarray([held[k] for k in left], dtype=np.float64)
+    return np.asarray(est.classes_[pred]), cost, left, paths
 
 
 def capped_point(
@@ -273,18 +309,18 @@ def capped_point(
     y: npt.NDArray[Any],
     group_costs: list[float],
     prior_label: Any,
+    exits: list[bool] | None = None,
 ) -> list[Any]:
     """A point's validation numbers with every walk stopped at each cap (the service's
     budget is a per-item hard cap): a walk does not enter a node whose sensors, with its
     ancestors', cost more than the cap, and the last node it entered answers (the prior when
-    it could not pay for the root). ``level``: a cascade with confidence exits."""
+    it could not pay for the root). ``level``: confidence exits at the nodes ``exits``
+    marks (:func:`exit_answers`)."""
     held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
     if level is None:
         paths = [w.path for w in est.walk(X)]
     else:
-        order = cascade_order(est)
-        ends = exit_answers(est, node_fits or [], level, X, group_costs)[2]
-        paths = [order[: order.index(int(k)) + 1] for k in ends]
+        paths = exit_answers(est, node_fits or [], level, X, group_costs, exits)[3]
     right_at: dict[int, npt.NDArray[np.bool_]] = {}
 
     def right(k: int) -> npt.NDArray[np.bool_]:
@@ -395,20 +431,25 @@ def build_cstc_bundle(
                 "nodes": len(est.nodes_),
             }
         )
-    exits: dict[str, tuple[str, float]] = {}  # point id -> (cascade id, level)
+    # point id -> (the tree or cascade it stops early, level, the nodes with an exit)
+    exits: dict[str, tuple[str, float, list[bool]]] = {}
     for config, est in zip(configs, fitted, strict=True):
         tuned = node_fits.get(config.id)
-        if config.method != "cscc" or tuned is None or not cascade_order(est):
+        method = EXIT_METHODS.get(config.method)
+        if method is None or tuned is None:
+            continue
+        at = exit_nodes(est, config.method)
+        if (config.method == "cscc" and not cascade_order(est)) or not any(at):
             continue
         for level in spec.exit_levels:
             point_id = f"{config.id}-exit{level:g}"
-            exits[point_id] = (config.id, float(level))
-            val_pred, val_costs, _ = exit_answers(est, tuned, level, x_val, costs)
-            test_pred, test_costs, _ = exit_answers(est, tuned, level, x_test, costs)
+            exits[point_id] = (config.id, float(level), at)
+            val_pred, val_costs, _, _ = exit_answers(est, tuned, level, x_val, costs, at)
+            test_pred, test_costs, _, _ = exit_answers(est, tuned, level, x_test, costs, at)
             rows.append(
                 {
                     "id": point_id,
-                    "method": "cscc-exit",
+                    "method": method,
                     "lam": config.lam,
                     "validation_accuracy": float(np.mean(val_pred == y_val)),
                     "validation_cost": float(val_costs.mean()),
@@ -420,7 +461,7 @@ def build_cstc_bundle(
             )
     kept = pareto_points(rows) if spec.pareto else rows
     by_id = dict(zip((c.id for c in configs), fitted, strict=True))
-    for point_id, (base, _) in exits.items():
+    for point_id, (base, _, _) in exits.items():
         by_id[point_id] = by_id[base]
         if base in node_fits:
             node_fits[point_id] = node_fits[base]
@@ -459,13 +500,13 @@ def build_cstc_bundle(
                 node_fits.get(row["id"]),
             )
             models += node_models
-            exit_level = exits[row["id"]][1] if row["id"] in exits else None
-            if exit_level is not None:
+            exit_level: float | None = None
+            exit_at: list[bool] | None = None
+            if row["id"] in exits:
+                exit_level, exit_at = exits[row["id"]][1:]
                 nodes = [
-                    n.model_copy(update={"exit_confidence": exit_level})
-                    if (n.upper is None) != (n.lower is None)
-                    else n
-                    for n in nodes
+                    n.model_copy(update={"exit_confidence": exit_level}) if has else n
+                    for n, has in zip(nodes, exit_at, strict=True)
                 ]
             capped = capped_point(
                 est,
@@ -475,6 +516,7 @@ def build_cstc_bundle(
                 y_val,
                 costs,
                 classes[int(np.argmax(prior))],
+                exit_at,
             )
             points.append(
                 CstcPoint(

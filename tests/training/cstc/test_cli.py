@@ -48,8 +48,9 @@ def test_cli_builds_trees_and_cascades(tmp_path: Path) -> None:
         manifest = read_manifest(out)
         strategy = manifest.strategy("cstc")
         assert isinstance(strategy, CstcStrategy)
-        # CSCC's cascades also give points with confidence exits
-        assert {p.method for p in strategy.points} <= methods | ({"cscc-exit"} if flags else set())
+        # CSCC's cascades and CSTC's trees also give points with confidence exits
+        exits = {"cscc-exit"} if flags else {"cstc-exit"}
+        assert {p.method for p in strategy.points} <= methods | exits
         assert set(manifest.provenance.parameters["methods"]) == methods
         assert load_bundle(out, max_pixels=1 << 20).runtimes["cstc"].kind == "cstc"
     bad = {**spec, "methods": ["cstc", "oblique"]}
