@@ -24,7 +24,9 @@ from service.bundle import CappedNumbers, Provenance
 def staging(out_dir: Path) -> Iterator[Path]:
     """A fresh folder beside ``out_dir`` to write a bundle into: on success it replaces
     ``out_dir`` at once; on any failure it is removed, so a failed build never leaves a
-    half-written bundle where the service would load it."""
+    half-written bundle where the service would load it. Missing parent folders are made
+    (a build of many minutes must not fail at the last step on a folder not yet there)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         yield tmp
