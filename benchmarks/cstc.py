@@ -389,7 +389,7 @@ RUNNERS: dict[str, tuple[str, Callable[[], tuple[list[str], dict[str, Any]]]]] =
 # served: the CSTC bundle against the best fixed subset (issue 25)
 # --------------------------------------------------------------------------------------------
 
-SERVED_TASKS = ("letter", "miniboone", "pima", "letter-a")
+SERVED_TASKS = ("letter", "letter-16", "miniboone", "pima", "letter-a")
 
 
 def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
@@ -399,6 +399,7 @@ def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
 
     lambdas = {
         "letter": [0.003, 0.03, 0.3],
+        "letter-16": [0.003, 0.03, 0.3],
         "miniboone": [0.001, 0.01, 0.1],
     }.get(task.key, [0.001, 0.01, 0.1, 1.0])
 
@@ -410,7 +411,7 @@ def cstc_spec(task: Any, methods: Sequence[str]) -> Callable[[str, int], Any]:
             costs=task.costs,
             methods=list(methods),
             lambdas=lambdas,
-            fixed=served.FIXED_26 if task.key == "letter" else None,
+            fixed=served.FIXED_26 if task.key in ("letter", "letter-16") else None,
             seed=seed,
         )
 
@@ -508,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--served",
         action="store_true",
         help="the CSTC bundle served against the best fixed subset (cstc_served.md); "
-        "--datasets picks tasks (letter,miniboone,pima,letter-a)",
+        "--datasets picks tasks (letter,letter-16,miniboone,pima,letter-a)",
     )
     args = parser.parse_args(argv)
     if args.served:
