@@ -22,9 +22,10 @@ Policies (``ParserStrategy.policy``), each over the same generic "parts × templ
 Budgets are hard caps as in the other runtimes: no acquisition starts (the policy's
 ``words``, a ψ^POS or a ψ^Lex) whose predicted cost, with the decode still to pay, no longer
 fits what is left; the session then decodes from what is in hand (a head with no template
-scores every arc 0). So a request overruns its budget by at most the misprediction of its
-last acquisition and of the decode. Arcs pruned by the bundle's length filter (their ψ^POS
-ids are -1) score -inf and are never chosen.
+scores every arc 0). The policy's inputs are bought only when its own time (recent most,
+``ParserRuntime.decide_ms``) and a ψ^Lex fit after them (else: no upgrade, an overrun). So
+a request overruns its budget by at most the misprediction of its last acquisition and of
+the decode. Arcs pruned by the length filter (ψ^POS ids -1) score -inf, never chosen.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ MAX_SLOWDOWN = 4.0
 #: Acquisitions predicted cheaper than this (ms) teach no slowdown: their measured time is
 #: mostly the loop's own overhead.
 MIN_PREDICTED_MS = 0.02
+#: The policy-time estimate: each request's time or this share of the last, whichever is more.
+DECIDE_DECAY = 0.95
 
 
 def pos_name(word: int) -> str:
@@ -156,12 +159,13 @@ class ParserSession(Session):
         self.plan.chosen = [int(i) + 1 for i in np.flatnonzero(picked)]
         self.plan.queue = [lex_name(w) for w in self.plan.chosen]
 
-    def _fits(self, name: str, obs: Observation) -> bool:
-        """Whether acquiring ``name`` and then decoding fit in what is left, both priced at
-        this request's ``slowdown`` so far: the session never starts an acquisition that
-        cannot, so a request overruns its budget by at most the misprediction of its last
-        acquisition and of the decode beyond the slowdown its earlier steps showed."""
-        cost = self.per_feature.get(name, 0.0)
+    def _fits(self, name: str, obs: Observation, then: float = 0.0) -> bool:
+        """Whether acquiring ``name``, ``then`` ms of work after it and the decode fit in what
+        is left, all priced at this request's ``slowdown`` so far: the session never starts
+        an acquisition that cannot, so a request overruns its budget by at most the
+        misprediction of its last acquisition and of the decode beyond the slowdown its
+        earlier steps showed."""
+        cost = self.per_feature.get(name, 0.0) + then
         left = obs.remaining - self._stale_ms
         return affordable((cost + self.decode_cost) * self.slowdown, left, obs.budget)
 
@@ -204,8 +208,10 @@ class ParserSession(Session):
                 while self._base <= self.n and pos_name(self._base) in features:
                     self._base += 1
                 name = pos_name(self._base) if self._base <= self.n else WORDS
+                # the policy's inputs are worth buying only if its time and an upgrade follow
+                then = self.rt.decide_ms + self.lex_cost if name == WORDS else 0.0
                 if name not in features:
-                    if not self._fits(name, obs):
+                    if not self._fits(name, obs, then):
                         self.stopped_by_budget = True
                         return self._answer(features)
                     return self._acquire(name, obs)
@@ -213,6 +219,7 @@ class ParserSession(Session):
             self._decide(features)
             # the policy's own time, spent since ``obs`` was measured, is not left either
             self._stale_ms = (time.perf_counter() - started) * 1e3
+            self.rt.note_decide(self._stale_ms)
         while True:
             queue = self.plan.queue
             while queue and queue[0] in features:
@@ -321,6 +328,13 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
                 )
         # Most accurate first; ``choose`` takes the first whose expected cost fits.
         self.points = sorted(spec.points, key=lambda p: (-p.uas, p.full_fraction))
+        #: The policy's own time (ms: scoring its inputs, ordering the upgrades) of late.
+        self.decide_ms = 0.0
+
+    def note_decide(self, ms: float) -> None:
+        """Record one request's policy time. (Requests on several threads may race here: one
+        lost update of a decaying maximum is harmless, and a float's store is atomic.)"""
+        self.decide_ms = max(ms, DECIDE_DECAY * self.decide_ms)
 
     def _load(self, file: str, what: str, shape: tuple[int, ...] | None) -> FloatArray:
         """A float .npy of the bundle; ``shape`` None: an anytime policy, (features + 1,) or

@@ -458,7 +458,8 @@ def test_every_word_gets_its_pos_template_before_the_policy_inputs(
 ) -> None:
     """A budget that pays every word's ψ^POS and the decode but not the policy's inputs
     too: every word is parsed with ψ^POS (the inputs, bought first, left the last words
-    without a template, and their arcs scored 0); with room for the inputs, they come next."""
+    without a template, and their arcs scored 0); with room for the inputs, the policy's
+    time and an upgrade, they come next."""
     bundle, runtime, sentence, per_feature, decode = session_parts(
         parser_bundle_dir, strategy, held_out
     )
@@ -466,10 +467,10 @@ def test_every_word_gets_its_pos_template_before_the_policy_inputs(
     pos = {f"pos@{i}" for i in range(n + 1)}
     base = sum(per_feature[name] for name in pos) + decode
     assert per_feature["words"] > 0.01
-    for budget, words in (
-        (base + per_feature["words"] / 2, False),
-        (base + 2 * per_feature["words"], True),
-    ):
+    for room, words in ((per_feature["words"] / 2, False), (2 * per_feature["words"], True)):
+        budget = base + room
+        if words:  # the inputs, the policy's time (learnt at load) and one ψ^Lex
+            budget += runtime.decide_ms + per_feature["lex@1"]
         run = run_session(
             runtime,
             n,
@@ -513,6 +514,46 @@ def test_the_policys_own_time_is_charged_before_the_next_template(
 
     assert run(slow=False), "2 ms buy upgrades"
     assert run(slow=True) == []
+
+
+@pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
+def test_the_policys_inputs_are_bought_only_when_its_time_and_an_upgrade_follow(
+    parser_bundle_dir: Path,
+    strategy: str,
+    held_out: list[tuple[Sentence, np.ndarray]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runtime learns the policy's own time from the requests it ran (5 ms here). A
+    budget with room for every ψ^POS, the policy's inputs, the decode and 2 ms more (several
+    ψ^Lex, were the policy free) then buys no inputs: bought, they would run a policy whose
+    5 ms leave no upgrade, an overrun for nothing (the anytime parser's overruns beyond its
+    bound on EWT: each bought the inputs, then the policy took 0.04-0.1 ms the budget no
+    longer had). The answer is all ψ^POS, as it would have been."""
+    bundle, runtime, sentence, per_feature, decode = session_parts(
+        parser_bundle_dir, strategy, held_out
+    )
+    n = len(sentence)
+    base = sum(per_feature[f"pos@{i}"] for i in range(n + 1)) + per_feature["words"] + decode
+    assert 2 * per_feature["lex@1"] < 2.0
+    scores = type(runtime).word_scores
+
+    def slow_scores(self: Any, *args: Any) -> Any:
+        time.sleep(0.005)
+        return scores(self, *args)
+
+    def run(budget: float) -> list[str]:
+        source = ExtractorSource(bundle.extractors, sentence)
+        done = run_session(runtime, n, budget, {}, source, DeclaredCost(per_feature))
+        return list(done.acquired)
+
+    assert runtime.decide_ms < 1.0  # learnt from the loader's warm-up, if any
+    assert "words" in run(base + 2.0)  # the policy is quick: its inputs are worth buying
+    monkeypatch.setattr(type(runtime), "word_scores", slow_scores)
+    assert "words" in run(1000.0)
+    assert runtime.decide_ms >= 5.0
+    acquired = run(base + 2.0)
+    assert acquired == [f"pos@{i}" for i in range(n + 1)], acquired
+    assert "words" in run(base + runtime.decide_ms + 2.0)  # room for its time: bought again
 
 
 @pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
