@@ -372,9 +372,10 @@ def _warm_sessions(bundle: Bundle) -> None:
     """Run every strategy's whole request loop twice on a blank item of a structured bundle
     (letters, tokens), so that a fresh process's first request does not pay the sessions'
     one-off costs (the policy's and the decoder's first calls: an OCR word's first request
-    took 12 ms against 5-8 ms with this) against its budget. The calibrator then forgets
-    what these runs measured. A warm-up is an optimisation: one that fails (a bundle whose
-    items a blank one does not fit) is logged, and the bundle loads as it would without."""
+    took 12 ms against 5-8 ms with this) against its budget. The calibrator and the
+    runtimes then forget what these runs measured. A warm-up is an optimisation: one that
+    fails (a bundle whose items a blank one does not fit) is logged, and the bundle loads as
+    it would without."""
     from service.execution import execute
 
     if bundle.manifest.item.kind not in _STRUCTURED_BLANKS:
@@ -388,6 +389,8 @@ def _warm_sessions(bundle: Bundle) -> None:
     except Exception:
         log.warning("bundle %r: its sessions' warm-up failed", bundle.name, exc_info=True)
     bundle.calibrator.reset()
+    for runtime in bundle.runtimes.values():
+        runtime.forget_timings()
 
 
 def _warm_up(

@@ -252,6 +252,10 @@ class StrategyRuntime(ABC, Generic[SpecT]):
         """Build what the strategy needs from ``self.spec`` (runs once, at the end of
         ``__init__``); raise ``BundleError`` or ``ValueError`` for a spec it cannot serve."""
 
+    def forget_timings(self) -> None:
+        """Forget what the runtime learnt from timing its own requests (the loader's warm-up
+        runs are no sample of the requests to come); nothing by default."""
+
     @abstractmethod
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         """Plan a request for an item of ``size`` with ``budget``; ``in_hand`` are free."""

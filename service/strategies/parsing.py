@@ -22,8 +22,8 @@ Policies (``ParserStrategy.policy``), each over the same generic "parts × templ
 Budgets are hard caps as in the other runtimes: no acquisition starts (the policy's
 ``words``, a ψ^POS or a ψ^Lex) whose predicted cost, with the decode still to pay, no longer
 fits what is left; the session then decodes from what is in hand (a head with no template
-scores every arc 0). The policy's inputs are bought only when its own time (recent most,
-``ParserRuntime.decide_ms``) and a ψ^Lex fit after them (else: no upgrade, an overrun). So
+scores every arc 0). The policy's inputs are bought only when its own CPU time (recent most,
+``ParserRuntime.decide``) and a ψ^Lex fit after them (else: no upgrade, an overrun). So
 a request overruns its budget by at most the misprediction of its last acquisition and of
 the decode. Arcs pruned by the length filter (ψ^POS ids -1) score -inf, never chosen.
 """
@@ -54,6 +54,7 @@ from service.strategies.base import (
     register_strategy,
 )
 from service.strategies.chu_liu_edmonds import chu_liu_edmonds
+from service.strategies.recent import RecentMost
 from service.types import FloatVector
 
 FloatArray = npt.NDArray[np.float64]
@@ -64,8 +65,6 @@ MAX_SLOWDOWN = 4.0
 #: Acquisitions predicted cheaper than this (ms) teach no slowdown: their measured time is
 #: mostly the loop's own overhead.
 MIN_PREDICTED_MS = 0.02
-#: The policy-time estimate: each request's time or this share of the last, whichever is more.
-DECIDE_DECAY = 0.95
 
 
 def pos_name(word: int) -> str:
@@ -209,17 +208,17 @@ class ParserSession(Session):
                     self._base += 1
                 name = pos_name(self._base) if self._base <= self.n else WORDS
                 # the policy's inputs are worth buying only if its time and an upgrade follow
-                then = self.rt.decide_ms + self.lex_cost if name == WORDS else 0.0
+                then = self.rt.decide.at(self.n) + self.lex_cost if name == WORDS else 0.0
                 if name not in features:
                     if not self._fits(name, obs, then):
                         self.stopped_by_budget = True
                         return self._answer(features)
                     return self._acquire(name, obs)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             self._decide(features)
             # the policy's own time, spent since ``obs`` was measured, is not left either
             self._stale_ms = (time.perf_counter() - started) * 1e3
-            self.rt.note_decide(self._stale_ms)
+            self.rt.decide.note(self.n, (time.thread_time() - cpu) * 1e3)
         while True:
             queue = self.plan.queue
             while queue and queue[0] in features:
@@ -328,13 +327,12 @@ class ParserRuntime(StrategyRuntime[ParserStrategy]):
                 )
         # Most accurate first; ``choose`` takes the first whose expected cost fits.
         self.points = sorted(spec.points, key=lambda p: (-p.uas, p.full_fraction))
-        #: The policy's own time (ms: scoring its inputs, ordering the upgrades) of late.
-        self.decide_ms = 0.0
+        #: The policy's own CPU time (ms: scoring its inputs, ordering the upgrades) of late,
+        #: per sentence length: priced, like a template, at the request's slowdown.
+        self.decide = RecentMost()
 
-    def note_decide(self, ms: float) -> None:
-        """Record one request's policy time. (Requests on several threads may race here: one
-        lost update of a decaying maximum is harmless, and a float's store is atomic.)"""
-        self.decide_ms = max(ms, DECIDE_DECAY * self.decide_ms)
+    def forget_timings(self) -> None:
+        self.decide.clear()
 
     def _load(self, file: str, what: str, shape: tuple[int, ...] | None) -> FloatArray:
         """A float .npy of the bundle; ``shape`` None: an anytime policy, (features + 1,) or

@@ -469,8 +469,8 @@ def test_every_word_gets_its_pos_template_before_the_policy_inputs(
     assert per_feature["words"] > 0.01
     for room, words in ((per_feature["words"] / 2, False), (2 * per_feature["words"], True)):
         budget = base + room
-        if words:  # the inputs, the policy's time (learnt at load) and one ψ^Lex
-            budget += runtime.decide_ms + per_feature["lex@1"]
+        if words:  # the inputs, the policy's time (none learnt yet) and one ψ^Lex
+            budget += runtime.decide.at(n) + per_feature["lex@1"]
         run = run_session(
             runtime,
             n,
@@ -523,12 +523,14 @@ def test_the_policys_inputs_are_bought_only_when_its_time_and_an_upgrade_follow(
     held_out: list[tuple[Sentence, np.ndarray]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The runtime learns the policy's own time from the requests it ran (5 ms here). A
+    """The runtime learns the policy's own CPU time from the requests it ran (5 ms here). A
     budget with room for every ψ^POS, the policy's inputs, the decode and 2 ms more (several
     ψ^Lex, were the policy free) then buys no inputs: bought, they would run a policy whose
     5 ms leave no upgrade, an overrun for nothing (the anytime parser's overruns beyond its
     bound on EWT: each bought the inputs, then the policy took 0.04-0.1 ms the budget no
-    longer had). The answer is all ψ^POS, as it would have been."""
+    longer had). The answer is all ψ^POS, as it would have been. The estimate forgets with
+    time, so one slow call does not price the inputs out for good (nothing would time the
+    policy again)."""
     bundle, runtime, sentence, per_feature, decode = session_parts(
         parser_bundle_dir, strategy, held_out
     )
@@ -538,7 +540,9 @@ def test_the_policys_inputs_are_bought_only_when_its_time_and_an_upgrade_follow(
     scores = type(runtime).word_scores
 
     def slow_scores(self: Any, *args: Any) -> Any:
-        time.sleep(0.005)
+        spin = time.thread_time() + 0.005  # 5 ms of this thread's CPU (a sleep has none)
+        while time.thread_time() < spin:
+            pass
         return scores(self, *args)
 
     def run(budget: float) -> list[str]:
@@ -546,14 +550,17 @@ def test_the_policys_inputs_are_bought_only_when_its_time_and_an_upgrade_follow(
         done = run_session(runtime, n, budget, {}, source, DeclaredCost(per_feature))
         return list(done.acquired)
 
-    assert runtime.decide_ms < 1.0  # learnt from the loader's warm-up, if any
+    assert runtime.decide.at(n) == 0.0  # the loader's warm-up is forgotten
     assert "words" in run(base + 2.0)  # the policy is quick: its inputs are worth buying
     monkeypatch.setattr(type(runtime), "word_scores", slow_scores)
     assert "words" in run(1000.0)
-    assert runtime.decide_ms >= 5.0
+    assert runtime.decide.at(n) >= 5.0
     acquired = run(base + 2.0)
     assert acquired == [f"pos@{i}" for i in range(n + 1)], acquired
-    assert "words" in run(base + runtime.decide_ms + 2.0)  # room for its time: bought again
+    assert "words" in run(base + runtime.decide.at(n) + 2.0)  # room for its time: bought
+    now = runtime.decide.clock()
+    monkeypatch.setattr(runtime.decide, "clock", lambda: now + 20 * runtime.decide.half_life_s)
+    assert "words" in run(base + 2.0)  # 20 half-lives on, without a sample in between
 
 
 @pytest.mark.parametrize("strategy", ["anytime", "oneshot"])
