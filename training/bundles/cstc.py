@@ -108,11 +108,13 @@ class CstcSpec(WithFixedSubsets, TabularSpec):
                 f"node_models must be one of {list(NODE_MODELS)}, got {self.node_models!r}"
             )
         if not isinstance(self.exit_levels, list) or any(
-            isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1
+            isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1
             for v in self.exit_levels
         ):
+            # (1 itself: the service's float32 model saturates to 1.0 where the fit gives
+            # 0.99999999, so served and trained walks would leave at different nodes)
             raise ValueError(
-                f"exit_levels must be a list of numbers in (0, 1], got {self.exit_levels!r}"
+                f"exit_levels must be a list of numbers in (0, 1), got {self.exit_levels!r}"
             )
         if self.node_models == "tuned" and self.fixed_search() is None:
             raise ValueError(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from service.bundle import CstcStrategy, read_manifest
@@ -82,3 +83,12 @@ def test_cli_builds_a_digits_bundle_on_the_image_extractors(tmp_path: Path) -> N
     for bad, word in ((["--sides", "4"], "sides"), (["--methods", "oblique"], "oblique")):
         result = CliRunner().invoke(app, ["cstc-digits", "--out", str(tmp_path / "x"), *bad])
         assert result.exit_code != 0 and word in result.output
+
+
+@pytest.mark.parametrize("levels", [[1.0], [0.0], [0.9, 1.5], [True], "0.9"])
+def test_exit_levels_outside_0_1_are_refused_with_what_was_given(levels: Any) -> None:
+    from training.bundles.cstc import CstcSpec
+
+    spec = CstcSpec(name="t", label="label", sensors=SENSORS, costs=COSTS, exit_levels=levels)
+    with pytest.raises(ValueError, match=r"exit_levels must be a list of numbers in \(0, 1\)"):
+        spec.check()
