@@ -283,7 +283,7 @@ def run_method(
         result = build(folder / name, spec, task.x, task.y, task.columns)
         for out in outs:
             out.build_seconds += time.perf_counter() - t0
-        if notes is not None:  # once per task: in the first variant's section
+        if notes is not None:  # per seed, in the first variant's section only
             seeded = [
                 f"seed {seed}: {n}" if len(task.seeds) > 1 else n for n in notes(result, task)
             ]
