@@ -302,3 +302,46 @@ def test_a_tree_exit_point_is_checked_when_the_manifest_is_read(tuned: CstcBuild
     raw["nodes"][two_way[0]]["route_weights"] = []
     with pytest.raises(ValidationError, match=f"node {two_way[0]} routes without weights"):
         CstcPoint.model_validate(raw)
+
+
+def test_exit_walks_cut_by_a_cap_are_the_trained_walks_cut_there(tuned: CstcBuildResult) -> None:
+    """Under a per-item cap an exit point's served walk (the runtime's session, step by
+    step) is the trained exit walk cut before the first node it cannot pay for, and the node
+    reached last answers: what ``capped_point`` priced the point's capped numbers with."""
+    from service.registry import load_bundle
+    from service.strategies.base import Acquire, Observation
+    from service.strategies.cstc import CstcRuntime, CstcSession
+    from training.bundles.cstc import _held_groups
+
+    bundle = load_bundle(tuned.path, 1 << 20)
+    runtime = bundle.runtimes["cstc"]
+    assert isinstance(runtime, CstcRuntime)
+    assert tuned.test_rows is not None
+    X_test = tuned.test_rows[0][:40]
+    costs = [COSTS[s] for s in SENSORS]
+    where = {s: [COLUMNS.index(c) for c in cols] for s, cols in SENSORS.items()}
+    points = [p for p in strategy(tuned).points if p.method.endswith("-exit")]
+    assert {p.method for p in points} == {"cscc-exit", "cstc-exit"}
+    cut = 0
+    for point in points:
+        est, fits = tuned.estimators[point.id], tuned.node_fits[point.id]
+        at = [n.exit_confidence is not None for n in point.nodes]
+        level = next(n.exit_confidence for n in point.nodes if n.exit_confidence)
+        paths = exit_answers(est, fits, level, X_test, costs, at)[3]
+        held = [sum(costs[g] for g in h) for h in _held_groups(est)]
+        for cap in (0.5, 1.0, 3.0, 7.0, 15.0):
+            for i, row in enumerate(X_test):
+                session = CstcSession(runtime, point, dict(COSTS))
+                features: dict[str, np.ndarray] = {}
+                spent = 0.0
+                step = session.step(Observation(1, cap, spent, features))
+                while isinstance(step, Acquire):
+                    features[step.feature] = row[where[step.feature]].astype(np.float32)
+                    spent += COSTS[step.feature]
+                    step = session.step(Observation(1, cap, spent, features))
+                entered = [k for k in paths[i] if held[k] <= cap + 1e-9]
+                assert session.visited == entered, (point.id, cap, i)
+                if entered:
+                    assert step.model == point.nodes[entered[-1]].model, (point.id, cap, i)
+                cut += len(entered) < len(paths[i])
+    assert cut > 0, "no cap cut a walk short: the check saw no capped walk"
