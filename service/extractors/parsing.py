@@ -142,10 +142,10 @@ class _Edges:
         bucket = np.where(dist <= 5, dist, np.where(dist <= 10, 6, 7))
         right = (dd > hh).astype(np.int64)
         self.tags: dict[str, IntArray] = {
-            **{"hp_l": tags[hh], "hp": tags[hh + 1], "hp_r": tags[hh + 2]},
-            **{"dp_l": tags[dd], "dp": tags[dd + 1], "dp_r": tags[dd + 2]},
-            **{"right": right, "db": right * 8 + bucket},
-        }
+            "hp_l": tags[hh], "hp": tags[hh + 1], "hp_r": tags[hh + 2],
+            "dp_l": tags[dd], "dp": tags[dd + 1], "dp_r": tags[dd + 2],
+            "right": right, "db": right * 8 + bucket,
+        }  # fmt: skip
 
 
 #: Which tags each in-between count counts (verbs, punctuation, conjunctions).

@@ -311,7 +311,7 @@ def test_exit_walks_cut_by_a_cap_are_the_trained_walks_cut_there(tuned: CstcBuil
     from service.registry import load_bundle
     from service.strategies.base import Acquire, Observation
     from service.strategies.cstc import CstcRuntime, CstcSession
-    from training.bundles.cstc import _held_groups
+    from training.bundles.cstc import held_costs
 
     bundle = load_bundle(tuned.path, 1 << 20)
     runtime = bundle.runtimes["cstc"]
@@ -328,7 +328,7 @@ def test_exit_walks_cut_by_a_cap_are_the_trained_walks_cut_there(tuned: CstcBuil
         at = [n.exit_confidence is not None for n in point.nodes]
         level = next(n.exit_confidence for n in point.nodes if n.exit_confidence)
         paths = exit_answers(est, fits, level, X_test, costs, at)[3]
-        held = [sum(costs[g] for g in h) for h in _held_groups(est)]
+        held = held_costs(est, costs)
         for cap in (0.5, 1.0, 3.0, 7.0, 15.0):
             for i, row in enumerate(X_test):
                 session = CstcSession(runtime, point, dict(COSTS))

@@ -200,6 +200,12 @@ class CstcBuildResult:
     node_fits: dict[str, list[SubsetFit]] = field(default_factory=dict)  # point -> per node
 
 
+def held_costs(est: CSTCClassifier, group_costs: list[float]) -> list[float]:
+    """Per node of a fitted tree, the cost of the sensors in hand when the walk is there
+    (its own and its ancestors'): what a walk that ends there has spent."""
+    return [sum(group_costs[g] for g in h) for h in _held_groups(est)]
+
+
 def held_sensors(est: CSTCClassifier, names: list[str]) -> list[tuple[str, ...]]:
     """Per node of a fitted tree, the sensors in hand when the walk is there: its own and its
     ancestors' (declaration order)."""
@@ -273,7 +279,7 @@ def exit_answers(
     service's walk (:class:`service.strategies.cstc.CstcSession`) step for step."""
     nodes = est.export_nodes_
     exits = exit_nodes(est, "cscc") if exits is None else exits
-    held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
+    held = held_costs(est, group_costs)
     n = len(X)
     at = np.zeros(n, dtype=np.int64)
     left = np.full(n, -1, dtype=np.int64)
@@ -318,7 +324,7 @@ def capped_point(
     ancestors', cost more than the cap, and the last node it entered answers (the prior when
     it could not pay for the root). ``level``: confidence exits at the nodes ``exits``
     marks (:func:`exit_answers`)."""
-    held = [sum(group_costs[g] for g in h) for h in _held_groups(est)]
+    held = held_costs(est, group_costs)
     if level is None:
         paths = [w.path for w in est.walk(X)]
     else:
