@@ -163,7 +163,8 @@ class PredictHandler:
       thread, the measured wait for the event loop to take the request back
       (:meth:`~service.floor.FloorMeter.resume_ms`). Under load the service thus degrades
       accuracy, not latency; behind a standing queue it refuses what can no longer buy an
-      answer (:meth:`_admit_by_deadline`).
+      answer (:meth:`_admit_by_deadline`) and plans the rest on the event loop within
+      twice the cheapest feature they lack (the queue's time is the other requests').
     - ``"work"``: only the work is charged (the cache read, then the plan / extract / infer
       loop); the wait is reported, not charged.
 
@@ -393,8 +394,12 @@ class PredictHandler:
             busy = self.gate.threads - self.gate.free
             if busy > 1:
                 share = min(share, left / busy)
-            if self._standing:  # behind a standing queue: leave half of what is left to it
-                share = min(share, left / 2.0)
+            if self._standing:
+                # Behind a standing queue each millisecond a plan spends is taken from every
+                # request queued behind it: it buys the cheapest answer's worth (twice the
+                # cheapest feature it lacks, at most half of what is left), which is most of
+                # the accuracy (the prior to one feature) for a small part of the time.
+                share = min(share, left / 2.0, 2.0 * cheapest)
             if deadline:  # the others in the process wait while this plan runs
                 contended = contended_share(
                     left, self.others_seen, self.contention_weight, cheapest
