@@ -1,17 +1,22 @@
 """The service benchmark's pieces that can be checked without a load run: the profile summary
-(against hand-made collapsed stacks) and the load generator (against a real bare server is
-the benchmark's own job; here, a loopback server of the test's own)."""
+(against hand-made collapsed stacks), the load generator (against a real bare server is
+the benchmark's own job; here, a loopback server of the test's own) and the budget with
+which budgetserve does the bare app's work (through the real handler)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from benchmarks.loadgen import run
-from benchmarks.service import summarize
+from benchmarks.service import SAME_WORK_RESERVE_MS, summarize, thumbnail_only_ms
+from service.registry import CalibrationSettings, load_bundle
+from tests.conftest import digit_image, png_b64
+from tests.service.test_deadline import ask_all, make_handler
 
 
 def test_summary_counts_each_sample_for_its_innermost_category() -> None:
@@ -105,3 +110,32 @@ def test_load_generator_sends_fresh_ids_and_times_answers(echo_port: int, mode: 
         assert f'"n": {r.template}'.encode() in r.body
     if mode == "open":  # sent on schedule: 100/s over 0.5 s after the warm-up
         assert 45 <= len(results) <= 51
+
+
+def test_the_same_work_budget_buys_thumbnail_alone(digits_bundle_dir: Path) -> None:
+    """The CPU table's "budgetserve, the bare app's work" row: with the profiled costs (live
+    calibration off), a fixed reserve and "work" accounting, a budget of the reserve plus
+    ``thumbnail_only_ms`` buys ``thumbnail`` and nothing else (or, at a slow moment of a
+    busy machine, nothing: the benchmark counts what its answers computed); 1 ms more buys
+    something else."""
+    bundle = load_bundle(digits_bundle_dir, 1 << 20, calibration=CalibrationSettings(enabled=False))
+    handler = make_handler(bundle)
+    handler.floor.fixed_reserve_ms = SAME_WORK_RESERVE_MS
+    plannable = thumbnail_only_ms()
+    costs = sorted(bundle.costs.at(128.0 * 128.0).items(), key=lambda kv: kv[1])
+    assert dict(costs)["thumbnail"] < plannable < costs[0][1] + costs[1][1]
+    pngs = [png_b64(digit_image(d, 128)) for d in range(10)]
+
+    def ask(budget: float, tag: str) -> list[list[str]]:
+        asked = [
+            {"png": png, "budget": budget, "id": f"{tag}{k}", "accounting": "work"}
+            for k, png in enumerate(pngs)
+        ]
+        return [r.cost.extracted for r in ask_all(handler, asked)]
+
+    ask(SAME_WORK_RESERVE_MS + plannable, "warm")  # a fresh process's first requests are slow
+    bought = ask(SAME_WORK_RESERVE_MS + plannable, "same")
+    assert all(b in ([], ["thumbnail"]) for b in bought), bought
+    assert bought.count(["thumbnail"]) >= 8, bought
+    richer = ask(SAME_WORK_RESERVE_MS + 1.0, "rich")
+    assert sum(b not in ([], ["thumbnail"]) for b in richer) >= 8, richer
