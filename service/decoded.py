@@ -31,6 +31,10 @@ class ItemDecoder(Protocol):
         """Whether decoding ``item`` is worth a worker thread (off the event loop)."""
         ...
 
+    def size_hint(self, item: Any) -> int | None:
+        """``item``'s size read cheaply before decoding it (None: not known until then)."""
+        ...
+
 
 def content_key(scheme: str, content: bytes, item_id: str | None) -> str:
     """``scheme:digest`` of ``content`` (BLAKE2b-256), plus ``:id:digest`` of the client's

@@ -58,6 +58,9 @@ QUEUE_TARGET_MS = 2.0
 # under overload a few requests of nearly every interval were measured on time, so the
 # queue was seen standing in 0-13 % of the intervals of the open loop at 150 % of capacity.)
 STANDING_SHARE = 0.5
+# ... or, within the interval, once this many of its requests show it (the interval's
+# verdict came one interval late: under overload the queue came and went faster).
+QUEUE_EARLY_SEEN = 8
 # Weight of the latest wait in the running estimate of the wait for a thread.
 WAIT_EWMA = 0.2
 # Weight of each arrival in the running mean of the requests it finds in the process (about
@@ -343,7 +346,7 @@ class PredictHandler:
         # Only a budget in milliseconds can count from the receipt.
         deadline = measured and accounting == "deadline"
         if deadline:
-            self._admit_by_deadline(budget, received, bundle, size)
+            self._admit_by_deadline(budget, received, bundle, size, item)
         decode_start = time.perf_counter()
         due = received + budget / 1e3 if measured else math.inf  # for the order of waiters
         if bundle.decoder.heavy(item):
@@ -585,7 +588,12 @@ class PredictHandler:
         return max(slack, 0.0) * threads / (len(deadlines) + threads)
 
     def _admit_by_deadline(
-        self, budget: float, received: float, bundle: Bundle, size: int | None
+        self,
+        budget: float,
+        received: float,
+        bundle: Bundle,
+        size: int | None,
+        item: Any = None,
     ) -> None:
         """Refuse (503, before any work) a request whose deadline can no longer buy an answer
         while this process has a standing queue, CoDel-style: what is left of its budget
@@ -594,13 +602,15 @@ class PredictHandler:
         its whole budget could; and at least ``STANDING_SHARE`` of the requests (more than
         one) over the last ``QUEUE_INTERVAL_S`` reached the service later than
         ``QUEUE_TARGET_MS`` (they wait for the event loop: the process is behind, and
-        answering them would keep it behind). Answered instead, such a request came from the
+        answering them would keep it behind), or of the current interval's once it has seen
+        ``QUEUE_EARLY_SEEN``. Answered instead, such a request came from the
         prior at the cost of its decoding and answer, the CPU the requests behind it needed:
         in the open loop at 150 % of capacity, 75-83 % of the answers were the prior. In a
         burst, such a request is answered at once from what it has. A budget that could not
         buy a feature from the start is refused only when it cannot pay even the reserve,
         and one below the overhead is never refused: it is answered, and says so
-        (``below_floor``)."""
+        (``below_floor``). The item's size is the request's ``size``, else what its decoder
+        reads from the item's header (``size_hint``: a PNG's IHDR), else unknown."""
         now = time.perf_counter()
         late_ms = (now - received) * 1e3  # the receipt is dated back by the loop's lag
         late = late_ms > QUEUE_TARGET_MS
@@ -615,8 +625,16 @@ class PredictHandler:
         else:
             self._interval_seen += 1
             self._interval_late += late
+            if (
+                not self._standing
+                and self._interval_seen >= QUEUE_EARLY_SEEN
+                and self._interval_late >= STANDING_SHARE * self._interval_seen
+            ):
+                self._standing = True
         if not self._standing or budget < self.floor.overhead_ms():
             return
+        if size is None:
+            size = bundle.decoder.size_hint(item)
         need = self.floor.reserve_ms()
         useful = need + self._cheapest_answer_ms(bundle, size)
         if budget >= useful:
@@ -635,7 +653,7 @@ class PredictHandler:
 
     def _cheapest_answer_ms(self, bundle: Bundle, size: int | None) -> float:
         """What the cheapest answer from a feature costs beyond the reserve: decoding the
-        item and its cheapest feature, at ``size`` (the request's; unknown before decoding:
+        item and its cheapest feature, at ``size`` (the request's or its header's; unknown:
         the smallest item, so only a request that no item could serve is refused)."""
         at = 1 if size is None else size
         decode = self.floor.decode_ms(bundle.name, at) or 0.0

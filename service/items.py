@@ -318,6 +318,25 @@ class ImageDecoder:
         data = item.get("image_base64", item.get("png_base64"))
         return isinstance(data, str) and len(data) > self.HEAVY_BASE64_CHARS
 
+    def size_hint(self, item: Any) -> int | None:
+        """The item's size (pixels) before any decoding, from a PNG's IHDR (its first 24
+        bytes, 32 base64 characters); None for another format, anything malformed or more
+        pixels than the limit (decoding then says what is wrong). Admission prices the
+        decoding with it when the request sends no ``size``."""
+        if not isinstance(item, dict):
+            return None
+        data = item.get("image_base64", item.get("png_base64"))
+        if not isinstance(data, str) or len(data) < 32:
+            return None
+        try:
+            head = base64.b64decode(data[:32], validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        dims = png_dimensions(head)
+        if dims is None or not 0 < dims[0] * dims[1] <= self.max_pixels:
+            return None
+        return dims[0] * dims[1]
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
@@ -421,6 +440,9 @@ class TabularDecoder:
     def heavy(self, item: Any) -> bool:
         return False
 
+    def size_hint(self, item: Any) -> int | None:
+        return None
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
@@ -519,6 +541,9 @@ class TokensDecoder:
             return False
         untagged = sum(not (isinstance(t, dict) and t.get("upos")) for t in tokens)
         return untagged > self.HEAVY_UNTAGGED_TOKENS
+
+    def size_hint(self, item: Any) -> int | None:
+        return None
 
     def decode(self, item: Any) -> DecodedItem:
         from service.extractors.parsing import UPOS, UPOS_ID, Sentence

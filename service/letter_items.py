@@ -76,6 +76,9 @@ class LettersDecoder:
     def heavy(self, item: Any) -> bool:
         return False
 
+    def size_hint(self, item: Any) -> int | None:
+        return None
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
