@@ -691,9 +691,10 @@ KEEPS_UP_SHARE, KEEPS_UP_P99_MS = 0.99, 10.0
 
 def saturation_rate(bare: Server, items: Items, duration_s: float) -> tuple[float, list[str]]:
     """The highest arrival rate the bare app keeps up with (open loop): from half its
-    closed-loop throughput at 4 clients, up by a quarter while it keeps up, then two
-    bisections (geometric) between the last rate it kept up with and the first it did not,
-    so the rates above saturation are within ~6 % of it. (A closed loop of many clients
+    closed-loop throughput at 4 clients, up by a quarter while it keeps up (down by a fifth
+    until it does, when it falls behind at the first), then two bisections (geometric)
+    between the last rate it kept up with and the first it did not, so the rates above
+    saturation are within ~6 % of it. (A closed loop of many clients
     measures more than an open loop sustains: the server and the load generator batch the
     clients' requests.)"""
     closed = len(measure(bare, items, None, duration_s, clients=4, prefix="sat").ok) / duration_s
@@ -711,6 +712,12 @@ def saturation_rate(bare: Server, items: Items, duration_s: float) -> tuple[floa
             break
         kept, rate = rate, rate * 1.25
     behind = rate
+    while not kept and len(tried) < 12:  # it fell behind at the first rate
+        rate *= 0.8
+        if keeps_up(rate):
+            kept = rate
+        else:
+            behind = rate
     for _ in range(2 if kept else 0):
         middle = math.sqrt(kept * behind)
         if keeps_up(middle):
@@ -828,15 +835,17 @@ def summarize(collapsed: str, top: int = 8) -> list[str]:
 
 
 def profile(items: Items, code: Path, duration_s: float, label: str) -> list[str]:
-    """A py-spy profile of the service in ``code`` under 4 clients at a 1 ms budget; a tree
-    from :func:`checkout` serves its own revision's digits bundle (an older service may not
-    read a newer manifest)."""
+    """A py-spy profile of the service in ``code`` under 8 clients at a 1 ms budget counted
+    as work (a 1 ms deadline at 8 clients is mostly refused: the profile would be of
+    refusals); a tree from :func:`checkout` serves its own revision's digits bundle (an
+    older service may not read a newer manifest)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         return [f"({label}: py-spy is not installed)"]
     own = code / "models"
     env = {"BUDGETSERVE_MODELS_DIR": str(own)} if (own / "digits").is_dir() else {}
     service = start_service(1, code=code, **env)
+    service.body = _work_body
     try:
         wait_ready([service])
         t = items.templates(service, 1.0)
