@@ -44,6 +44,7 @@ import base64
 import collections
 import functools
 import io
+import itertools
 import json
 import math
 import os
@@ -259,8 +260,7 @@ def thumbnail_only_ms(side: int = 128) -> float:
     from service.strategies.base import CostModel
 
     costs = CostModel(read_manifest(BUNDLE)).at(float(side * side))
-    pair = min(a + b for i, a in enumerate(costs.values()) for b in list(costs.values())[i + 1 :])
-    return 0.95 * pair
+    return 0.95 * min(a + b for a, b in itertools.combinations(costs.values(), 2))
 
 
 def start_same_work(workers: int) -> Server:
