@@ -227,9 +227,24 @@ def test_the_way_back_from_a_worker_thread_is_charged_to_thread_plans_not_the_fl
     # The next thread plan sets the way back aside; one that it would leave no feature runs
     # on the loop (small plans may: inline_ms > 0) and waits for no way back.
     handler.inline_ms = 1.0
-    # (with 30 ms the bundle buys 5 features, with 1-2 ms at most 3)
+    prices = digits_bundle.costs.at(128 * 128)
+
+    def priced(features: list[str]) -> float:
+        return sum(prices[f] for f in features)
+
+    # What is left once the way back is set aside is 1.5 ms: the plan's features are priced
+    # at about that (the calibration may have them a little cheaper on a fast machine: the
+    # planner buys by calibrated prices; the count of features is no measure, a 1.5 ms plan
+    # bought 1 feature here and 4 cheap ones on another machine).
     extracted, resumed = ask(resume_ms + handler.floor.reserve_ms() + 1.5, "after")
-    assert resumed is not None and len(extracted) <= 3, extracted
-    cheapest = min(digits_bundle.costs.at(128 * 128).values())
+    assert resumed is not None and priced(extracted) <= 2.0, extracted
+    # Control: the same budget with no way back measured buys more than 2 ms of features
+    # (gabor alone is priced 2.2 ms at 128 px): the set-aside, not the budget, held it.
+    measured_floor, handler.floor = handler.floor, FloorMeter(min_samples=1, refresh=1)
+    assert handler.floor.resume_ms() == 0.0
+    control, _ = ask(resume_ms + measured_floor.reserve_ms() + 1.5, "control")
+    assert priced(control) > 2.0, control
+    handler.floor = measured_floor
+    cheapest = min(prices.values())
     _, resumed = ask(resume_ms + handler.floor.reserve_ms() + cheapest / 2, "inline")
     assert resumed is None
