@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import time
@@ -178,6 +179,34 @@ def test_floor_meter_quantiles_reserve_and_decoding() -> None:
     assert meter.decode_ms("other", 1000) is None
     assert meter.floor_ms("b", 8000) == pytest.approx(meter.overhead_ms() + 8.0)
     assert FloorMeter(0.25).reserve_ms() == 0.25  # a fixed reserve wins
+
+
+def test_stalls_are_left_out_of_the_reserve_and_counted() -> None:
+    """On a busy machine a few requests lose their CPU for a scheduler slice: their tails
+    take milliseconds where the others take a few tenths. Once they were more than 5 % of
+    the window the p95 reserve was a stall, and every small budget answered from the prior;
+    a reserve cannot save a stalled request, so stalls (over STALL_RATIO x the median) are
+    left out of the quantiles and their share is published."""
+    meter = FloorMeter(min_samples=4, refresh=1)
+    for k in range(90):  # tails 0.20-0.29 ms, overheads 0.30-0.39
+        meter.record("b", 1000, overhead_ms=0.3 + k / 900, tail_ms=0.2 + k / 900, decode_ms=0.1)
+    body_reserve, body_overhead = meter.reserve_ms(), meter.overhead_ms()
+    assert 0.29 < body_reserve < 0.30 and 0.39 < body_overhead < 0.40
+    assert meter.stall_share() == 0.0
+    for k in range(10):  # 10 % of stalls, 2-5 ms
+        meter.record("b", 1000, overhead_ms=2.0 + k / 3, tail_ms=2.0 + k / 3, decode_ms=0.1)
+    # the plain p95 of these 100 samples is a stall (2.33 ms); the reserve is the body's
+    assert sorted(meter._tail.data)[math.ceil(0.95 * 99)] > 2.0
+    assert meter.reserve_ms() == pytest.approx(body_reserve, abs=0.01)
+    assert meter.overhead_ms() == pytest.approx(body_overhead, abs=0.01)
+    assert meter.stall_share() == pytest.approx(0.1)
+    assert meter.snapshot("b", [1000])["stall_share"] == pytest.approx(0.1)
+    # When most requests are slow (overload, a slower machine), the median moves with them:
+    # nothing is a stall, and the reserve is their p95.
+    for k in range(120):
+        meter.record("b", 1000, overhead_ms=3.0 + k / 100, tail_ms=3.0 + k / 100, decode_ms=0.1)
+    assert meter.stall_share() == 0.0
+    assert meter.reserve_ms() > 3.0
 
 
 def test_one_cold_decoding_does_not_price_its_size() -> None:
