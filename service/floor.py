@@ -36,15 +36,15 @@ recomputed every ``refresh`` samples, so recording is O(1) on the request path):
 **Stalls.** On a busy machine a few requests stall: the process loses its CPU to another
 one for a scheduler slice, and that request's overhead or tail takes milliseconds where
 the others take a few tenths. Once they are more than 5 % of the window, the p95 is a
-stall: with two other processes busy 60 % of the time on the 2 cores, the reserve became
-1.7-1.9 ms and the overhead 1.7-3.0 ms while 90 % of the tails took under 0.31 ms, so that
-every 1 ms budget answered from the prior and was told it was below the floor (accuracy
-0.12-0.14). A reserve cannot help a stalled request (its prior answer is as late as a
-feature's), and it made every other one answer from the prior: so the overhead and the
-tail are the p95 of the samples that are not stalls (at most ``STALL_RATIO`` times the
-window's median), and the share of stalls is published (``stall_share``). When most
-samples are slow (overload, a slower machine), the median moves with them, and so does
-the reserve.
+stall: with two other processes busy 60 % of the time on the 2 cores, the overhead became
+1.7-3.0 ms and the reserve up to 1.9 ms while 90 % of the tails took under 0.31 ms, so that
+95-98 % of the 1 ms budgets answered from the prior, told they were below the floor
+(accuracy 0.12-0.14). A reserve cannot help a stalled request (its prior answer is as late
+as a feature's), and it made every other one answer from the prior: so the overhead and
+the tail are the p95 of the samples that are not stalls (a stall: over ``STALL_RATIO``
+times the window's median and over ``STALL_MIN_MS`` above it), and the share of stalls is
+published (``stall_share``). When most samples are slow (overload, a slower machine), the
+median moves with them, and so does the reserve.
 
 Until a statistic has ``min_samples`` samples, ``fallback_ms`` stands in for the overhead
 and the tail. ``BUDGETSERVE_OVERHEAD_RESERVE_MS``, when set, fixes the reserve instead
@@ -64,17 +64,20 @@ from typing import Any
 #: evaluation (``training.evaluate``) plans with it too.
 FALLBACK_RESERVE_MS = 0.5
 
-#: An overhead or tail sample above this many times the window's median is a stall (see the
-#: module): on a 2-core machine with two other processes busy 60 % of the time, 5-10 % of
-#: the tails took 1.7-4.7 ms where the median took 0.23 and the p90 0.28.
+#: An overhead or tail sample above this many times the window's median, and at least
+#: ``STALL_MIN_MS`` above it, is a stall (see the module): on a 2-core machine with two
+#: other processes busy 60 % of the time, the tails' median was 0.23-0.24 ms, their p90
+#: 0.28-0.31, their p99 3.9-4.7 (a scheduler slice lost).
 STALL_RATIO = 4.0
+#: ... and a stall is a scheduler slice, not a long tail of tenths of a millisecond.
+STALL_MIN_MS = 1.0
 
 
 class _Ring:
     """The last ``window`` samples and their ``quantile``, recomputed when read after
     ``refresh`` new samples (or when it first has ``min_samples``). With ``stall_ratio``,
-    samples above that many times the median are stalls: left out of the quantile and
-    counted (:attr:`stall_share`)."""
+    samples above that many times the median (and ``STALL_MIN_MS`` above it) are stalls:
+    left out of the quantile and counted (:attr:`stall_share`)."""
 
     __slots__ = (
         "_stall_share",
@@ -128,7 +131,9 @@ class _Ring:
         if math.isnan(self._value) or self.stale >= self.refresh:
             ordered = sorted(self.data)
             if self.stall_ratio is not None:
-                body = bisect.bisect_right(ordered, self.stall_ratio * ordered[len(ordered) // 2])
+                median = ordered[len(ordered) // 2]
+                limit = max(self.stall_ratio * median, median + STALL_MIN_MS)
+                body = bisect.bisect_right(ordered, limit)
                 self._stall_share = 1.0 - body / len(ordered)
                 ordered = ordered[:body]
             index = math.ceil(self.quantile * (len(ordered) - 1))

@@ -201,6 +201,19 @@ def test_stalls_are_left_out_of_the_reserve_and_counted() -> None:
     assert meter.overhead_ms() == pytest.approx(body_overhead, abs=0.01)
     assert meter.stall_share() == pytest.approx(0.1)
     assert meter.snapshot("b", [1000])["stall_share"] == pytest.approx(0.1)
+    # A long tail of tenths of a millisecond is not a stall (a stall is over STALL_MIN_MS
+    # above the median too), nor anything when most samples are 0.
+    tenths = FloorMeter(min_samples=4, refresh=1)
+    for k in range(100):
+        tenths.record(
+            "b",
+            1000,
+            overhead_ms=0.0 if k < 60 else 0.5,
+            tail_ms=0.05 + (k // 90) * 0.5,
+            decode_ms=0.1,
+        )
+    assert tenths.stall_share() == 0.0
+    assert tenths.overhead_ms() == 0.5 and tenths.reserve_ms() == pytest.approx(0.55)
     # When most requests are slow (overload, a slower machine), the median moves with them:
     # nothing is a stall, and the reserve is their p95.
     for k in range(120):
