@@ -519,7 +519,9 @@ class PredictHandler:
         if measured:
             floor = self.floor.overhead_ms() + decode_s * 1000.0
             response.floor_ms = floor
-            response.below_floor = budget < floor
+            # below it the answer is from what was in hand (a p95 floor: a request may still
+            # have bought a feature, and then it says so by what it extracted, not this flag)
+            response.below_floor = budget < floor and not run.extracted
         response._clock = (received, started, decoded.size, resume_s)
         if observe:
             self._observe(response)

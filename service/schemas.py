@@ -121,12 +121,13 @@ class PredictResponse(BaseModel):
         default=None,
         description="the service's own cost for this item, in ms: its measured overhead "
         "(parsing, cache, planning, encoding, writing: p95 on this machine) plus this item's "
-        "decoding. A budget below it buys no feature. Null for bundles with declared costs",
+        "decoding. A budget below it buys no feature as a rule (a p95: a request whose own "
+        "overhead was short may still buy one). Null for bundles with declared costs",
     )
     below_floor: bool = Field(
         default=False,
-        description="the budget was below `floor_ms`: the answer comes from what was in hand "
-        "(cached or sent features, else the prior), and a larger budget is needed to buy "
+        description="the budget was below `floor_ms` and the answer comes from what was in "
+        "hand (cached or sent features, else the prior): a larger budget is needed to buy "
         "features for this item",
     )
     next_sensor: str | None = Field(

@@ -222,6 +222,34 @@ def test_stalls_are_left_out_of_the_reserve_and_counted() -> None:
     assert meter.reserve_ms() > 3.0
 
 
+def test_an_answer_that_bought_a_feature_is_not_below_the_floor(digits_bundle: Bundle) -> None:
+    """The floor is a p95 (of the overhead, plus the item's decoding); planning sets aside
+    the p95 of the work after it. A budget under the floor can still buy a feature when
+    the request's own overhead was short: then the answer is not from what was in hand,
+    and ``below_floor`` (documented as "the answer comes from what was in hand") is false;
+    a new user found answers that said below_floor and had bought `histogram`."""
+    digits_bundle.calibrator.reset()
+    handler = PredictHandler(
+        Registry(bundles={digits_bundle.name: digits_bundle}), InProcessCache(1 << 20), Metrics()
+    )
+    handler.floor = FloorMeter(min_samples=4, refresh=1)
+    for _ in range(20):  # overheads of 4 ms (say, a burst's), the work after planning short
+        handler.floor.record("digits", 16384, overhead_ms=4.0, tail_ms=0.2, decode_ms=0.2)
+
+    def ask(budget: float, rid: str) -> Any:
+        png = png_b64(digit_image(7, 128))
+        response, _ = asyncio.run(
+            handler.predict("digits", {"png_base64": png, "id": rid}, None, budget)
+        )
+        return response
+
+    bought = ask(3.0, "bought")
+    assert bought.floor_ms > 4.0 > 3.0 and bought.cost.extracted
+    assert bought.below_floor is False
+    tiny = ask(0.3, "tiny")
+    assert not tiny.cost.extracted and tiny.below_floor is True
+
+
 def test_one_cold_decoding_does_not_price_its_size() -> None:
     """The first decoding of a process is slow (4.6 ms where the next took 0.5 on a fresh
     server): with a handful of samples the p95 would be that one; the median stands in
