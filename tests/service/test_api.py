@@ -542,6 +542,14 @@ def test_skyline_endpoint(digits: tuple[TestClient, InProcessCache]) -> None:
     for bad in ({"size": 0}, {"size": "big"}, {}):
         r = client.get("/models/digits/skyline", params=bad)
         assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
+    # sizes no request's item can have (a new user got a skyline for 4,000,000 pixels,
+    # over the bundle's limit, and for 1 pixel, under its 8 x 8 minimum): 422, saying which
+    for size in (1, 63, 4_000_000):
+        r = client.get("/models/digits/skyline", params={"size": size})
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["type"] == "invalid_request", size
+        assert f"size {size} is not one" in error["message"] and "64 to" in error["message"]
+    assert client.get("/models/digits/skyline", params={"size": 64}).status_code == 200
     assert client.get("/models/nope/skyline", params={"size": 9}).status_code == 404
 
 
