@@ -3,6 +3,7 @@ body every error response carries, and the app's exception handlers."""
 
 from __future__ import annotations
 
+import difflib
 import email.message
 import logging
 import sys
@@ -175,10 +176,22 @@ def validation_problems(
 ) -> tuple[str, list[dict[str, str]]]:
     """A request's validation errors (pydantic's) as one message and a list of
     ``{"field", "message"}`` (field names without the body's own prefix)."""
+    missing = [
+        str(err["loc"][-1]) for err in problems if err.get("type") == "missing" and err.get("loc")
+    ]
     listed = []
     for err in problems:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        listed.append({"field": loc or "body", "message": str(err.get("msg", "invalid"))})
+        message = str(err.get("msg", "invalid"))
+        value = err.get("input")
+        if err.get("type") == "extra_forbidden" and err.get("loc"):
+            # a misspelt field: name the missing one it was probably meant to be
+            close = difflib.get_close_matches(str(err["loc"][-1]), missing, n=1, cutoff=0.6)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+        elif isinstance(value, int | float | bool) or (isinstance(value, str) and len(value) <= 40):
+            message += f" (got {value!r})"  # what was sent, beside what is required
+        listed.append({"field": loc or "body", "message": message})
     summary = "; ".join(f"{p['field']}: {p['message']}" for p in listed)
     return f"invalid request: {summary}", listed
 
@@ -189,8 +202,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         _count(request, "invalid_request")
         return error_response(422, "invalid_request", _unreadable_body(exc.__cause__))
     _count(request, "http_error")
-    response = error_response(exc.status_code, "http_error", str(exc.detail))
-    response.headers.update(exc.headers or {})  # 405's Allow, for one
+    message = str(exc.detail)
+    allowed: set[str] = set()
     if exc.status_code == 405:
         # Starlette names the methods of the first route matching the path only; a path
         # served by several routes (GET and DELETE /models/{name}) allows all of theirs.
@@ -201,7 +214,19 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
             for method in getattr(route, "methods", None) or ()
         }
         if allowed:
-            response.headers["Allow"] = ", ".join(sorted(allowed))
+            message = (
+                f"{request.method} is not allowed on {request.url.path}: it takes "
+                f"{', '.join(sorted(allowed))}"
+            )
+    elif exc.status_code == 404 and message == "Not Found":
+        message = (
+            f"no such endpoint: {request.method} {request.url.path} (the API is listed at "
+            "GET /docs and GET /openapi.json)"
+        )
+    response = error_response(exc.status_code, "http_error", message)
+    response.headers.update(exc.headers or {})  # 405's Allow, for one
+    if allowed:
+        response.headers["Allow"] = ", ".join(sorted(allowed))
     return response
 
 

@@ -274,6 +274,11 @@ class PredictEndpoint:
 def _invalid(exc: ValidationError, body: bytes) -> errors.InvalidRequest:
     """A body that is not JSON, or not a valid request, as FastAPI's validation handler
     words it (``service.http.errors``)."""
+    if not body.strip():
+        return errors.InvalidRequest(
+            'request body is empty: send a JSON object, e.g. {"model": "digits", "item": '
+            '{"png_base64": "..."}, "budget": 5}'
+        )
     problems = exc.errors(include_url=False)
     syntax = next((p for p in problems if p.get("type") == "json_invalid"), None)
     if syntax is None:

@@ -288,6 +288,46 @@ def test_unreadable_json_is_a_422(digits: tuple[TestClient, InProcessCache], raw
     assert r.json()["error"]["type"] == "invalid_request"
 
 
+@pytest.mark.parametrize(
+    ("content", "mentions"),
+    [
+        # what was sent, beside what is required (a new user got "budget: Input should be
+        # greater than 0" for -1, with no value)
+        (b'{"model": "digits", "item": {"png_base64": "x"}, "budget": -1}', "(got -1)"),
+        # a misspelt field names the one it was meant to be
+        (
+            b'{"model": "digits", "item": {"png_base64": "x"}, "buget": 5}',
+            "buget: Extra inputs are not permitted (did you mean 'budget'?)",
+        ),
+        # an empty body says so (it was "EOF while parsing a value (at character 0)")
+        (b"", "request body is empty: send a JSON object"),
+        (b"  \n", "request body is empty"),
+    ],
+)
+def test_validation_messages_say_what_was_sent_and_what_to_send(
+    digits: tuple[TestClient, InProcessCache], content: bytes, mentions: str
+) -> None:
+    client, _ = digits
+    r = client.post("/predict", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request" and mentions in error["message"], error
+
+
+def test_wrong_method_and_unknown_path_say_what_exists(
+    digits: tuple[TestClient, InProcessCache],
+) -> None:
+    client, _ = digits
+    r = client.get("/predict")
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
+    assert "GET is not allowed on /predict: it takes POST" in r.json()["error"]["message"]
+    r = client.get("/predictions")
+    assert r.status_code == 404
+    assert "no such endpoint: GET /predictions" in r.json()["error"]["message"]
+    # a 404 of the API's own (an unknown model) keeps its own words
+    assert "nope" in client.get("/models/nope").json()["error"]["message"]
+
+
 def test_malformed_json_message_names_the_problem(
     digits: tuple[TestClient, InProcessCache],
 ) -> None:
