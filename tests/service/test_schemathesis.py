@@ -4,9 +4,10 @@ one (router).
 
 The run is seeded (``BUDGETSERVE_SCHEMATHESIS_SEED`` overrides the seed, ``..._EXAMPLES``
 the examples per operation) so CI is repeatable; a few hundred test cases in all, ~10-20 s.
-One allowance, configured below: a request valid by the schema may still be refused with
+Allowances, configured below: a request valid by the schema may still be refused with
 422 by ``POST /predict``, because no JSON Schema can say "base64 of a decodable PNG" or
-"exactly this bundle's columns".
+"exactly this bundle's columns", and by the skyline for a size the bundle's items cannot
+have.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ include-path = "/predict"
 # The schema cannot express a decodable PNG or a bundle's exact columns (see the module).
 checks.positive_data_acceptance.expected-statuses = ["2xx", "404", "422"]
 
+[[operations]]
+include-path-regex = "^/models/[^/]+/skyline$"
+# A size must be one the bundle's items can have (8 x 8 to max_pixels for digits, 1 for a
+# table row): per bundle, which one schema for every bundle cannot say.
+checks.positive_data_acceptance.expected-statuses = ["2xx", "404", "422"]
 [[operations]]
 include-path-regex = "^/v2/models/.+/infer$"
 # The same for the Open Inference Protocol: a tensor's shape and datatype must agree with
