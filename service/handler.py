@@ -319,7 +319,8 @@ class PredictHandler:
         the bundle's);
         ``budget_mode``: ``"cap"`` (None: the default) or ``"mean"`` (the budget an average,
         this item capped by ``max_cost`` or every sensor's cost; see :meth:`_mean_mode`);
-        ``observe``: count it in the metrics (not the service's own start-up measurement)."""
+        ``observe``: count it in the metrics and read the cache (not for the service's own
+        start-up measurement)."""
         received = time.perf_counter() if received is None else received
         if not (isinstance(budget, float | int) and math.isfinite(budget) and budget > 0):
             raise InvalidRequest(f"'budget' must be a finite number > 0, got {budget!r}")
@@ -370,10 +371,10 @@ class PredictHandler:
         given = self._given(bundle, decoded)
         read_start = time.perf_counter()
         left_ms = budget - (read_start - received) * 1e3 if deadline else float(budget)
-        with tracing.span("cache.read"):
-            cached = await self._read_cache(
-                bundle, decoded, left_ms, skip=given.keys(), count=observe
-            )
+        cached: dict[str, FloatVector] = {}
+        if observe:  # the start-up measurement of the floor reads no cache (see _read_cache)
+            with tracing.span("cache.read"):
+                cached = await self._read_cache(bundle, decoded, left_ms, skip=given.keys())
         cache_s = time.perf_counter() - read_start
         in_hand = {**cached, **given}
         reserve_ms = self.floor.reserve_ms() if measured else 0.0
@@ -744,10 +745,11 @@ class PredictHandler:
         item: DecodedItem,
         budget: float,
         skip: Collection[str] = (),
-        count: bool = True,
     ) -> dict[str, FloatVector]:
-        """The features of ``item`` in the cache (``count``: in the cache metrics; the
-        service's start-up measurement of its floor is not a client's read)."""
+        """The features of ``item`` in the cache, counted in the cache metrics. Only client
+        requests read it: the service's start-up measurement of its floor does not (a dead
+        or slow Redis would slow the start-up and trip its circuit before any client asked
+        anything, and no client reads its blank items' features)."""
         names = [n for n in bundle.extractors if n not in skip]
         if not names:
             return {}
@@ -774,10 +776,9 @@ class PredictHandler:
             dims = bundle.extractors[name].dims
             if raw is not None and len(raw) == 4 * dims:
                 found[name] = np.frombuffer(raw, dtype=np.float32)
-        if count:
-            hits = len(found)
-            self.metrics.child(self.metrics.cache, result="hit").inc(hits)
-            self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
+        hits = len(found)
+        self.metrics.child(self.metrics.cache, result="hit").inc(hits)
+        self.metrics.child(self.metrics.cache, result="miss").inc(len(names) - hits)
         return found
 
     @staticmethod

@@ -338,20 +338,25 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
 
 
 #: Answers the start-up measurement of the floor takes (``measure_floor``), after a few
-#: that warm the path up and are not counted.
-FLOOR_SAMPLES, FLOOR_WARM_UP = 32, 8
+#: that warm the path up and are not counted, and their budget (ms).
+FLOOR_SAMPLES, FLOOR_WARM_UP, FLOOR_BUDGET_MS = 32, 8, 5.0
 
 
 async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
     """Measure the service's own cost on this machine before the first request: answer
     ``FLOOR_SAMPLES`` requests for a blank item of the first bundle with measured costs (an
-    image bundle's if there is one, else a word's or a sentence's: ``blank_item``), at a
-    budget too small to buy a feature (decoding, the cache read, the fallback's answer,
-    encoding), so ``GET /models/{name}`` shows a measured floor from the start and the first
-    requests plan with a measured reserve (without these samples, a server of structured
-    bundles alone took its reserve from its first live answers, where one cold answer was
-    the p95 and priced every budget under it out). The samples are the floor's only; no
-    metric or log line counts them. Live answers then keep the floor current."""
+    image bundle's if there is one, else a word's or a sentence's: ``blank_item``) at
+    ``FLOOR_BUDGET_MS``, which buys features as client requests do (decoding, planning,
+    extraction on the worker threads, inference, encoding; no cache read), so
+    ``GET /models/{name}`` shows a measured floor from the start and the first requests plan
+    with a reserve measured on answers like theirs (without these samples, a server of
+    structured bundles alone took its reserve from its first live answers, where one cold
+    answer was the p95 and priced every budget under it out; measured at a budget that
+    bought nothing, the reserve was 0.06-0.07 ms where live answers' is 0.3-0.5, and a fresh
+    server's first ten requests ran over their 1-5 ms budgets 7-8 times out of ten, 2-4
+    after). The samples are the floor's only; no metric or log line counts them, and the
+    calibration forgets the extractions they timed. Live answers then keep the floor
+    current."""
     measured = [
         (name, bundle.manifest.item.kind, item)
         for name, bundle in registry.bundles.items()
@@ -367,7 +372,7 @@ async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
                     name,
                     {**item, "id": f"floor-{k}"},
                     None,
-                    1e-6,
+                    FLOOR_BUDGET_MS,
                     received=received,
                     observe=False,
                 )
@@ -376,3 +381,9 @@ async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
                     handler.answered(response, time.perf_counter())
         except Exception:  # the floor is then measured from the first answers instead
             log.warning("could not measure the floor at start-up on %r", name, exc_info=True)
+        # The extractions timed here were a cold process's on a blank item: live requests
+        # calibrate from their own (as after the structured bundles' warm-up, load_registry).
+        bundle = registry.bundles[name]
+        bundle.calibrator.reset()
+        for runtime in bundle.runtimes.values():
+            runtime.forget_timings()

@@ -120,13 +120,40 @@ def test_the_floor_is_measured_at_start_up_and_published(client: TestClient) -> 
     model = client.get("/models/digits").json()
     floor = model["floor"]
     assert floor["measured"] is True and floor["samples"] >= 32
-    assert 0 < floor["reserve_ms"] <= floor["overhead_ms"] + 1e-9
+    # both measured from answers that bought features, as live ones do (the reserve is the
+    # work after planning, inference included; the overhead leaves inference out)
+    assert floor["reserve_ms"] > 0 and floor["overhead_ms"] > 0
     by_size = {row["size"]: row for row in floor["by_size"]}
     assert all(row["floor_ms"] >= floor["overhead_ms"] for row in by_size.values())
     skyline = client.get("/models/digits/skyline", params={"size": 1024}).json()
     assert skyline["floor_ms"] >= floor["overhead_ms"]
     for point in skyline["skyline"]:
         assert point["budget"] == pytest.approx(point["cost"] + skyline["floor_ms"])
+
+
+def test_the_start_up_measurement_reads_no_cache_and_leaves_no_calibration(
+    digits_bundle_dir: Path,
+) -> None:
+    """The start-up answers buy features as client requests do (at a budget that bought
+    nothing, the start-up reserve was 0.06-0.07 ms where live answers' is 0.3-0.5, and a
+    fresh server's first requests ran over their budgets), but they read no cache (with a
+    dead Redis they tripped its circuit before any client asked anything) and the
+    calibration forgets the cold extractions they timed."""
+    from tests.conftest import free_port
+    from tests.service.serving import metric
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    settings = Settings(
+        models_dir=digits_bundle_dir.parent, redis_url=dead, redis_timeout_ms=100, redis_failures=1
+    )
+    with TestClient(create_app(settings)) as fresh:
+        floor = fresh.get("/models/digits").json()["floor"]
+        assert floor["measured"] is True and floor["samples"] >= 32
+        text = fresh.get("/metrics").text
+        trips = "budgetserve_cache_circuit_trips_total"
+        assert trips not in text or metric(text, trips) == 0.0
+        costs = fresh.get("/models/digits/costs").json()
+        assert all(e["samples"] == 0 for e in costs["extractors"].values()), costs
 
 
 def test_the_start_up_measurement_counts_in_no_metric(digits_bundle_dir: Path) -> None:
