@@ -35,6 +35,11 @@ class ItemDecoder(Protocol):
         """``item``'s size read cheaply before decoding it (None: not known until then)."""
         ...
 
+    def size_range(self) -> tuple[int, int, str]:
+        """The smallest and largest size an item can have (what ``decode`` accepts), and
+        the items those are, in words."""
+        ...
+
 
 def content_key(scheme: str, content: bytes, item_id: str | None) -> str:
     """``scheme:digest`` of ``content`` (BLAKE2b-256), plus ``:id:digest`` of the client's

@@ -337,6 +337,13 @@ class ImageDecoder:
             return None
         return dims[0] * dims[1]
 
+    def size_range(self) -> tuple[int, int, str]:
+        return (
+            self.min_side**2,
+            self.max_pixels,
+            f"images of {self.min_side} px a side up to {self.max_pixels} pixels",
+        )
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
@@ -443,6 +450,9 @@ class TabularDecoder:
     def size_hint(self, item: Any) -> int | None:
         return None
 
+    def size_range(self) -> tuple[int, int, str]:
+        return 1, 1, "table rows, each of size 1"
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(
@@ -544,6 +554,9 @@ class TokensDecoder:
 
     def size_hint(self, item: Any) -> int | None:
         return None
+
+    def size_range(self) -> tuple[int, int, str]:
+        return 1, self.max_tokens, f"sentences of 1 to {self.max_tokens} tokens"
 
     def decode(self, item: Any) -> DecodedItem:
         from service.extractors.parsing import UPOS, UPOS_ID, Sentence

@@ -79,6 +79,9 @@ class LettersDecoder:
     def size_hint(self, item: Any) -> int | None:
         return None
 
+    def size_range(self) -> tuple[int, int, str]:
+        return 1, self.max_letters, f"words of 1 to {self.max_letters} letters"
+
     def decode(self, item: Any) -> DecodedItem:
         if not isinstance(item, dict):
             raise InvalidItem(

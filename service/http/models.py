@@ -109,7 +109,7 @@ async def get_skyline(
     it: its cost plus the floor."""
     bundle = state.loaded_registry().get(name)
     runtime = bundle.strategy(strategy)
-    lo, hi, what = _size_limits(bundle.manifest, bundle.decoder)
+    lo, hi, what = bundle.decoder.size_range()
     if not lo <= size <= hi:
         raise InvalidRequest(
             f"size {size} is not one this bundle's items can have: {what} ({lo} to {hi} "
@@ -150,19 +150,6 @@ def _summary(m: Manifest) -> dict[str, Any]:
         "item": m.item.described(),
         "n_models": len(m.models),
     }
-
-
-def _size_limits(m: Manifest, decoder: Any) -> tuple[int, int, str]:
-    """The sizes a request's item can have (what ``/predict`` accepts), and why."""
-    item = m.item
-    if item.kind == "image":
-        most = int(getattr(decoder, "max_pixels", item.max_pixels))
-        return item.min_side**2, most, f"images of {item.min_side} px a side up to {most} pixels"
-    if item.kind == "letters":
-        return 1, item.max_letters, f"words of 1 to {item.max_letters} letters"
-    if item.kind == "tokens":
-        return 1, item.max_tokens, f"sentences of 1 to {item.max_tokens} tokens"
-    return 1, 1, "table rows, each of size 1"
 
 
 def _sizes(m: Manifest) -> list[int]:
