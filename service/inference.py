@@ -7,10 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from threadpoolctl import threadpool_limits
 
 from service.bundle import Manifest, ModelSpec, bundle_relative
 from service.errors import BundleError
 from service.types import FloatVector
+
+
+def limit_blas_threads() -> None:
+    """numpy's BLAS on one thread in this process, as the ONNX sessions are (``open_onnx``):
+    requests run in parallel, not their matrix products (``fft_bands``'s DFT is two). On
+    more threads OpenBLAS splits even a 128 px image's product and its helper threads then
+    spin on the cores other requests need (CPU ~5x the wall time, measured); the service
+    calls this at start-up and the builders before they profile, so the costs the bundle
+    records are the ones served."""
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def bundle_file(bundle_dir: Path, file: str, what: str) -> Path:

@@ -21,6 +21,7 @@ from scipy.optimize import linprog, nnls
 
 from service.bundle import CostPolynomial
 from service.extractors.base import Extractor
+from service.inference import limit_blas_threads
 
 __all__ = [
     "Timings",
@@ -81,6 +82,7 @@ def profile_extractors(
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    limit_blas_threads()  # as the service runs them
     named = _named(extractors)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     timings: Timings = {name: {} for name in named}

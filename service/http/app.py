@@ -27,6 +27,7 @@ from service.http.predict import PredictEndpoint
 from service.http.requestlog import RequestLog
 from service.http.schemas import Readiness
 from service.http.state import AppState
+from service.inference import limit_blas_threads
 from service.loop_lag import LOOP_LAG
 from service.management import ModelManager, snapshot
 from service.metrics import Metrics
@@ -266,6 +267,7 @@ def create_app(
 async def _start(state: AppState, registry: Registry | None, cache: FeatureCache | None) -> None:
     """Load the bundles and connect the cache (or take the ones given), then serve."""
     settings, metrics = state.settings, state.metrics
+    limit_blas_threads()
     calibration = CalibrationSettings(
         enabled=settings.calibration,
         window=settings.calibration_window,
