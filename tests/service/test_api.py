@@ -606,11 +606,11 @@ def test_costs_endpoint_reports_profiled_and_calibrated(
 
 
 def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: Path) -> None:
-    # The tiny bundle believes hog costs ~0.02 ms at any size; at 512 px it takes ~8 ms, so
+    # The tiny bundle believes hog costs ~0.02 ms at any size; at 1024 px it takes ~15 ms, so
     # a 5 ms budget that plans hog always overruns, and one that avoids it has ample slack.
     # Static Poly-Dom with calibration off keeps planning hog and overruns; with calibration
     # on, after a few samples the planner learns the real cost and stops overrunning.
-    image = png_b64(np.tile(digit_image(8, 64), (8, 8)))  # 512 x 512
+    image = png_b64(np.tile(digit_image(8, 64), (16, 16)))  # 1024 x 1024
     outcomes = {}
     for calibrate in (False, True):
         # Two samples make a bucket count: under load hog can stop being planned after
@@ -646,7 +646,7 @@ def test_calibration_makes_a_wrong_cost_model_keep_its_budgets(tiny_bundle_dir: 
             assert not any(extracted_hog[10:]), extracted_hog
         else:
             # The static model prices thumbnail+histogram (the dearest plan without hog) at
-            # 0.0203 ms at this size and histogram+hog at 0.0305: a planned cost of 0.03 or
+            # 0.0210 ms at this size and histogram+hog at 0.0321: a planned cost of 0.03 or
             # more includes hog. (Whether hog then runs depends on how long histogram took:
             # on a loaded machine histogram alone can spend the 5 ms.)
             planned = [b["cost"]["planned"] for b in bodies]
