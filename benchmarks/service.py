@@ -283,34 +283,39 @@ def start_reference(name: str, workers: int) -> Server:
     return Server(name, port, process, body=_predict_body)
 
 
+#: What the MLServer venv holds: MLServer, and what its runtime imports from the service
+#: (the PNG decoding, ONNX inference).
+MLSERVER_PACKAGES = (
+    "mlserver>=1.7,<1.8",
+    "onnxruntime",
+    "pillow",
+    "numpy",
+    "pydantic-settings",
+    "threadpoolctl",
+)
+
+
 def mlserver_python() -> Path | None:
-    """The MLServer venv's python, made on first use (None, with the reason printed, when
-    it cannot be installed here)."""
+    """The MLServer venv's python, made on first use and brought up to date when
+    :data:`MLSERVER_PACKAGES` changes (None, with the reason printed, when it cannot be
+    installed here)."""
     python = MLSERVER_VENV / "bin" / "python"
-    if (MLSERVER_VENV / ".installed").exists():
+    marker = MLSERVER_VENV / ".installed"
+    wanted = "\n".join(MLSERVER_PACKAGES)
+    if marker.exists() and marker.read_text() == wanted:
         return python
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
         subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "mlserver>=1.7,<1.8",
-                "onnxruntime",
-                "pillow",
-                "numpy",
-                "pydantic-settings",
-            ],
+            [str(python), "-m", "pip", "install", "--quiet", *MLSERVER_PACKAGES],
             check=True,
             capture_output=True,
         )
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"MLServer could not be installed ({exc}); its rows are left out", file=sys.stderr)
         return None
-    (MLSERVER_VENV / ".installed").touch()
+    marker.write_text(wanted)
     return python
 
 
