@@ -20,7 +20,8 @@ def limit_blas_threads() -> None:
     more threads OpenBLAS splits even a 128 px image's product and its helper threads then
     spin on the cores other requests need (CPU ~5x the wall time, measured); the service
     calls this at start-up and the builders before they profile, so the costs the bundle
-    records are the ones served."""
+    records are the ones served. (threadpoolctl leaves OpenBLAS's limit to the first live
+    thread that set one: call it from the main thread, as uvicorn's start-up does.)"""
     threadpool_limits(limits=1, user_api="blas")
 
 

@@ -244,9 +244,9 @@ def test_killing_and_restarting_redis_under_load_fails_no_request(
     # "retry" for a request that reached its work too late to pay for an answer — never an
     # error, and never more than a sliver of the requests in any phase.
     for phase_at, status, said in refusals:
-        body = json.loads(said)
-        assert status == 503 and body["error"]["type"] == "overloaded", (phase_at, status, said)
-        assert "late_ms" in body["error"]["details"], (phase_at, said)
+        error = json.loads(said).get("error", {})  # {} for a dropped connection (status 0)
+        assert status == 503 and error.get("type") == "overloaded", (phase_at, status, said)
+        assert "late_ms" in error.get("details", {}), (phase_at, said)
     refused = Counter(phase_at for phase_at, _, _ in refusals)
     for phase_at, n in refused.items():
         assert n <= max(2, 0.02 * per_phase[phase_at]), (phase_at, per_phase, refusals)
