@@ -76,6 +76,13 @@ class Bundle:
             raise StrategyNotFound(self.name, name, sorted(self.runtimes))
         return runtime
 
+    def forget_timings(self) -> None:
+        """Forget what the service's own runs measured (a warm-up, the start-up floor): the
+        calibrator's samples and every runtime's; live requests calibrate from their own."""
+        self.calibrator.reset()
+        for runtime in self.runtimes.values():
+            runtime.forget_timings()
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -388,9 +395,7 @@ def _warm_sessions(bundle: Bundle) -> None:
                 execute(bundle, decoded, 1e6, {}, time.perf_counter(), runtime=runtime)
     except Exception:
         log.warning("bundle %r: its sessions' warm-up failed", bundle.name, exc_info=True)
-    bundle.calibrator.reset()
-    for runtime in bundle.runtimes.values():
-        runtime.forget_timings()
+    bundle.forget_timings()
 
 
 def _warm_up(

@@ -385,7 +385,4 @@ async def measure_floor(handler: PredictHandler, registry: Registry) -> None:
             log.warning("could not measure the floor at start-up on %r", name, exc_info=True)
         # The extractions timed here were a cold process's on a blank item: live requests
         # calibrate from their own (as after the structured bundles' warm-up, load_registry).
-        bundle = registry.bundles[name]
-        bundle.calibrator.reset()
-        for runtime in bundle.runtimes.values():
-            runtime.forget_timings()
+        registry.bundles[name].forget_timings()
