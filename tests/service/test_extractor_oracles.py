@@ -1,7 +1,9 @@
-"""HOG and FFT bands against their definitions: the fast code (a DFT at only the frequencies
-the bands use; HOG's bins taken modulo on integers) must give what the straightforward
-version 1 code gave (a full ``numpy.fft.rfft2``; the float angle modulo pi), since bundles
-built with either are served by the other. The oracles below are that code, kept verbatim."""
+"""HOG, FFT bands and the thumbnail against their definitions: the fast code (a DFT at only
+the frequencies the bands use; HOG's bins taken modulo on integers; the thumbnail's taps
+gathered by one precomputed index) must give what the straightforward version 1 code gave (a
+full ``numpy.fft.rfft2``; the float angle modulo pi; ``np.ix_`` and a four-axis mean), since
+bundles built with either are served by the other. The oracles below are that code, kept
+verbatim."""
 
 from __future__ import annotations
 
@@ -76,6 +78,21 @@ SHAPES = [(4, 4), (4, 9), (5, 5), (7, 16), (9, 9), (15, 17), (16, 16), (17, 33),
 SHAPES += [(33, 20), (64, 64), (100, 37), (128, 128), (200, 300), (512, 512)]
 
 
+def reference_thumbnail(image: FloatArray, grid: int = 8, taps: int = 2) -> FloatArray:
+    image = builtin._as_image(image)
+
+    def positions(length: int) -> npt.NDArray[np.intp]:
+        samples = grid * taps
+        pos = ((np.arange(samples) + 0.5) * (length / samples)).astype(np.intp)
+        return np.clip(pos, 0, length - 1)
+
+    rows = positions(image.shape[0])
+    cols = positions(image.shape[1])
+    sampled = image[np.ix_(rows, cols)]
+    cells = sampled.reshape(grid, taps, grid, taps).mean(axis=(1, 3))
+    return builtin._finish(cells)
+
+
 def images(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, FloatArray]:
     h, w = shape
     stroke = np.zeros(shape, np.float32)
@@ -85,13 +102,20 @@ def images(shape: tuple[int, int], rng: np.random.Generator) -> dict[str, FloatA
         "constant": np.full(shape, 0.3, np.float32),
         "stroke": stroke,
         "colour": rng.random((h, w, 3), dtype=np.float32),
+        # a strided view and a column-major copy: layouts a gather by flat index must read
+        "view": rng.random((2 * h, 2 * w), dtype=np.float32)[::2, 1::2],
+        "fortran": np.asfortranarray(rng.random(shape, dtype=np.float32)),
     }
 
 
 @pytest.mark.parametrize(
     ("extractor", "reference"),
-    [(builtin.HOG(), reference_hog), (builtin.FFTBands(), reference_fft_bands)],
-    ids=["hog", "fft_bands"],
+    [
+        (builtin.HOG(), reference_hog),
+        (builtin.FFTBands(), reference_fft_bands),
+        (builtin.Thumbnail(), reference_thumbnail),
+    ],
+    ids=["hog", "fft_bands", "thumbnail"],
 )
 def test_fast_code_gives_the_definitions_features(extractor: Extractor, reference: object) -> None:
     rng = np.random.default_rng(7)
@@ -100,7 +124,8 @@ def test_fast_code_gives_the_definitions_features(extractor: Extractor, referenc
         for kind, image in images(shape, rng).items():
             got, expected = extractor.extract(image), reference(image)
             assert got.dtype == expected.dtype and got.shape == expected.shape
-            # Float rounding only (measured: 1.5e-6 for HOG, 1e-14 for the bands).
+            # Float rounding only (measured: 1.5e-6 for HOG, 1e-14 for the bands, 6e-8 for
+            # the thumbnail).
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5, err_msg=f"{shape} {kind}")
     digits, _ = digits_source()
     for index in range(0, len(digits), 97):
@@ -120,6 +145,13 @@ def test_the_shape_plans_are_cached_and_read_only() -> None:
     assert (info.misses, info.hits) == (1, 1)
     for array in builtin._band_plan(40, 50, bands.radii, bands.angles):
         assert not array.flags.writeable
+    builtin._thumbnail_taps.cache_clear()
+    thumbnail = builtin.Thumbnail()
+    thumbnail.extract(image)
+    thumbnail.extract(np.asfortranarray(image))  # the same shape: the same taps
+    info = builtin._thumbnail_taps.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    assert not builtin._thumbnail_taps((40, 50), 8, 2).flags.writeable
 
 
 SERVE_AND_REPORT_BLAS = """
