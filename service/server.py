@@ -24,6 +24,9 @@ request heads).
   opened or the previous response completed (uvicorn's keep-alive timer stops at the first
   byte, so a client that sends half a head would otherwise be held open for ever; slow
   bodies are the app's: ``service.http.middleware.BodyLimit``).
+- :class:`CoalescingTransport`: the transport the wrapped protocol writes to, sending a
+  response's head and body in one write (uvicorn writes them apart: two system calls, two
+  segments, and a client woken twice per answer).
 
 How the app reads the clock: the wrapper sets :data:`CONNECTION` (a context variable) just
 before it hands bytes to uvicorn's protocol, and asyncio copies the context into the task
@@ -228,7 +231,11 @@ class ConnectionClock:
         "last_request",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.BaseTransport) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.BaseTransport | CoalescingTransport,
+    ) -> None:
         self._loop = loop
         self._transport = transport
         self._timer: asyncio.TimerHandle | None = None
@@ -256,12 +263,20 @@ class ConnectionClock:
         self._cancel()
         return received
 
+    def response_starts(self) -> None:
+        """The response's head is about to be handed to the transport: held, to go out
+        with the first body bytes in one write (see :class:`CoalescingTransport`)."""
+        if isinstance(self._transport, CoalescingTransport):
+            self._transport.hold_next = True
+
     def response_sent(self) -> None:
         """The response's last bytes are handed to the transport."""
         self.answered_at = time.perf_counter()
 
     def response_done(self) -> None:
         """The response is written: the next head must arrive within the time-out."""
+        if isinstance(self._transport, CoalescingTransport):
+            self._transport.flush()  # a head sent with no body after it
         self.busy = False
         self.arm()
 
@@ -294,6 +309,48 @@ class ConnectionClock:
             self._transport.close()
 
 
+class CoalescingTransport:
+    """A connection's transport that sends a response's head with its body in one write.
+
+    uvicorn writes the status line and headers as soon as the app sends
+    ``http.response.start``, then the body in a second write: with ``TCP_NODELAY`` (see
+    :func:`listening_socket`) that is two system calls and two segments, and a client
+    reading the answer wakes for the head, then again for the body. The app's outermost
+    layer calls :meth:`ConnectionClock.response_starts` before it sends the head: the next
+    write is held and joined to the one after it (the body's first bytes), or flushed when
+    the response is done. Everything else is the transport's own."""
+
+    __slots__ = ("_transport", "hold_next", "pending")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.hold_next = False
+        self.pending = b""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.hold_next:
+            self.hold_next = False
+            self.pending = bytes(data)
+            return
+        if self.pending:
+            data, self.pending = self.pending + data, b""
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        self.hold_next = False
+        if self.pending:
+            data, self.pending = self.pending, b""
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 #: The clock of the connection whose bytes made the current request's task (see the module).
 CONNECTION: ContextVar[ConnectionClock | None] = ContextVar("budgetserve_connection", default=None)
 
@@ -311,8 +368,9 @@ class ClockedProtocol(asyncio.Protocol):
         self._connections: set[Any] = kwargs["server_state"].connections
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._clock = ConnectionClock(asyncio.get_running_loop(), transport)
-        self._inner.connection_made(transport)  # type: ignore[arg-type]
+        coalescing = CoalescingTransport(transport)  # type: ignore[arg-type]
+        self._clock = ConnectionClock(asyncio.get_running_loop(), coalescing)
+        self._inner.connection_made(coalescing)  # type: ignore[arg-type]
         self._connections.discard(self._inner)
         self._connections.add(self)
         self._clock.arm()

@@ -157,9 +157,12 @@ class BudgetServeApp(FastAPI):
 
 
 def _timed(send: Send, clock: ConnectionClock) -> Send:
-    """``send``, telling ``clock`` when the response's last bytes are handed over."""
+    """``send``, telling ``clock`` when a response's head is about to go (to be written with
+    its body: ``service.server.CoalescingTransport``) and when its last bytes are handed over."""
 
     async def timed(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            clock.response_starts()
         await send(message)
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             clock.response_sent()

@@ -29,7 +29,7 @@ from service.handler import PredictHandler
 from service.http import create_app
 from service.metrics import Metrics
 from service.registry import Bundle, Registry, load_bundle
-from service.server import extraction_threads, usable_cpus, worker_count
+from service.server import CoalescingTransport, extraction_threads, usable_cpus, worker_count
 from service.settings import Settings
 from tests.conftest import digit_image, png_b64
 from tests.service.serving import read_one, uvicorn_thread
@@ -71,6 +71,89 @@ def test_a_deadline_counts_from_the_first_bytes_of_the_head(app: FastAPI) -> Non
             assert answer["cost"]["accounting"] == "deadline"
             assert answer["timings_ms"]["since_received"] >= 300.0
             assert answer["cost"]["spent"] >= 300.0
+
+
+class RecordingTransport:
+    """A socket transport's writes, recorded on their way to it (the real transport under
+    uvicorn; a stand-in for the unit test only, where nothing is sent)."""
+
+    def __init__(self, inner: Any = None) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        if self.inner is not None:
+            self.inner.write(data)
+
+    def is_closing(self) -> bool:
+        return self.closed if self.inner is None else bool(self.inner.is_closing())
+
+    def close(self) -> None:
+        self.closed = True
+        if self.inner is not None:
+            self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_held_head_goes_out_with_the_body_or_when_the_response_is_done() -> None:
+    sink = RecordingTransport()
+    transport = CoalescingTransport(sink)  # type: ignore[arg-type]
+    transport.write(b"unheld ")
+    transport.hold_next = True
+    transport.write(b"HEAD ")
+    assert sink.writes == [b"unheld "], "the head is held"
+    transport.write(b"BODY")
+    transport.write(b"MORE")
+    assert sink.writes == [b"unheld ", b"HEAD BODY", b"MORE"]
+    transport.hold_next = True
+    transport.write(b"HEAD-ONLY")  # a response with no body write after its head
+    transport.flush()
+    transport.flush()
+    assert sink.writes[-1] == b"HEAD-ONLY" and len(sink.writes) == 4
+    transport.hold_next = True
+    transport.write(b"LAST")
+    transport.close()  # closing sends what was held first
+    assert sink.writes[-1] == b"LAST" and sink.closed
+
+
+def test_every_response_leaves_in_one_write(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under uvicorn, each response's head and body reach the socket in one write (one
+    system call, one segment: uvicorn alone writes them apart), on the lean endpoint, an
+    error, FastAPI's routes and a 404 alike; the bytes are intact."""
+    sinks: list[RecordingTransport] = []
+    wrap = CoalescingTransport.__init__
+
+    def recorded(self: CoalescingTransport, transport: Any) -> None:
+        sinks.append(RecordingTransport(transport))
+        wrap(self, sinks[-1])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CoalescingTransport, "__init__", recorded)
+    body = json.dumps({"model": "digits", "item": {"png_base64": PNG}, "budget": 50}).encode()
+    requests = [
+        b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body,
+        b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{]",
+        b"GET /models/digits HTTP/1.1\r\nHost: t\r\n\r\n",
+        b"GET /no-such-route HTTP/1.1\r\nHost: t\r\n\r\n",
+    ]
+    with uvicorn_thread(app) as port, socket.create_connection(("127.0.0.1", port), 30) as conn:
+        statuses = []
+        for request in requests:
+            conn.sendall(request)
+            status, headers, payload = read_one(conn)
+            statuses.append(status)
+            assert json.loads(payload), payload
+            assert len(payload) == int(headers["content-length"])
+    assert statuses == [200, 422, 200, 404]
+    (sink,) = sinks
+    assert len(sink.writes) == len(requests), [w[:40] for w in sink.writes]
+    for write in sink.writes:
+        assert write.startswith(b"HTTP/1.1 ") and not write.endswith(b"\r\n\r\n"), write[:80]
 
 
 # --------------------------------------------------------------------------- lean vs FastAPI
