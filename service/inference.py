@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_limits
 
 from service.bundle import Manifest, ModelSpec, bundle_relative
 from service.errors import BundleError
+from service.linear_onnx import LinearModel, agrees, read_linear
 from service.types import FloatVector
 
 
@@ -52,31 +53,40 @@ def open_onnx(bundle_dir: Path, file: str, what: str, field: str = "file") -> or
 
     The file's bytes are read here and handed to ONNX Runtime, so nothing but that file
     is opened (an ONNX model pointing at external data elsewhere does not load)."""
-    path = bundle_file(bundle_dir, file, f"{what}: {field}")
+    return open_onnx_bytes(
+        bundle_file(bundle_dir, file, f"{what}: {field}").read_bytes(), what, file, field
+    )
+
+
+def open_onnx_bytes(data: bytes, what: str, file: str, field: str = "file") -> ort.InferenceSession:
+    """:func:`open_onnx` on the bytes of ``file``, read already."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     try:
-        return ort.InferenceSession(
-            path.read_bytes(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        return ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise BundleError(f"{what}: cannot load {field} {file!r}: {exc}") from exc
 
 
 class LoadedModel:
-    """One model of a bundle: ``predict_proba(features) -> class probabilities``."""
+    """One model of a bundle: ``predict_proba(features) -> class probabilities``. A linear
+    model that numpy scores as ONNX Runtime does is scored by numpy (``linear``:
+    ``service.linear_onnx``), any other by ONNX Runtime."""
 
     def __init__(self, spec: ModelSpec, bundle_dir: Path, n_classes: int) -> None:
         self.spec = spec
         self.features = tuple(spec.features)
         self._prior: FloatVector | None = None
         self._session: ort.InferenceSession | None = None
+        self.linear: LinearModel | None = None
         if spec.prior is not None:
             self._prior = np.asarray(spec.prior, dtype=np.float32)
             return
         assert spec.file is not None
-        self._session = open_onnx(bundle_dir, spec.file, f"model {spec.id!r}")
+        what = f"model {spec.id!r}"
+        data = bundle_file(bundle_dir, spec.file, f"{what}: file").read_bytes()
+        self._session = open_onnx_bytes(data, what, spec.file)
         inputs = self._session.get_inputs()
         if len(inputs) != 1:
             raise BundleError(f"model {spec.id!r}: expected one input, found {len(inputs)}")
@@ -91,12 +101,21 @@ class LoadedModel:
                 f"model {spec.id!r}: output shape {np.asarray(probe).shape}, "
                 f"expected (1, {n_classes})"
             )
+        linear = read_linear(data, self._input, self._output)
+        if (
+            linear is not None
+            and linear.input_dims == spec.input_dims
+            and agrees(linear, self._session, self._input, self._output)
+        ):
+            self.linear = linear
 
     def predict_proba(self, features: Mapping[str, FloatVector]) -> FloatVector:
         if self._prior is not None:
             return self._prior
-        assert self._session is not None
         x = np.concatenate([features[f] for f in self.features]).astype(np.float32, copy=False)
+        if self.linear is not None:
+            return self.linear.predict_proba(x)
+        assert self._session is not None
         out = self._session.run([self._output], {self._input: x.reshape(1, -1)})[0]
         result: FloatVector = np.asarray(out, dtype=np.float32)[0]
         return result
