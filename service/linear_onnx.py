@@ -109,14 +109,17 @@ class LinearModel:
         return int(self.weights.shape[0])
 
     def predict_proba(self, x: FloatVector) -> FloatVector:
-        """Class probabilities of one row ``x`` (float32, ``input_dims`` values)."""
-        if self.offset is not None and self.scale is not None:
-            x = (x - self.offset) * self.scale
-        scores = x @ self.weights + self.intercepts
-        scores = np.exp(scores - scores.max())
-        scores /= scores.sum()
-        if self.l1:
-            scores /= np.abs(scores).sum()
+        """Class probabilities of one row ``x`` (float32, ``input_dims`` values). Values
+        that overflow give non-finite probabilities, as ONNX Runtime's do, without numpy's
+        warnings (the caller refuses such an answer: ``service.execution``)."""
+        with np.errstate(all="ignore"):
+            if self.offset is not None and self.scale is not None:
+                x = (x - self.offset) * self.scale
+            scores = x @ self.weights + self.intercepts
+            scores = np.exp(scores - scores.max())
+            scores /= scores.sum()
+            if self.l1:
+                scores /= np.abs(scores).sum()
         result: FloatVector = scores.astype(np.float32, copy=False)
         return result
 
