@@ -142,12 +142,16 @@ def read_linear(data: bytes, input_name: str, output_name: str) -> LinearModel |
             return None
         attributes = {a.name: a for a in node.attribute}
         if node.op_type == "Scaler":
+            if "offset" not in attributes or "scale" not in attributes:
+                return None
             found["offset"] = np.asarray(attributes["offset"].floats, np.float32)
             found["scale"] = np.asarray(attributes["scale"].floats, np.float32)
             current = node.output[0]
         elif node.op_type == "LinearClassifier":
             post = attributes.get("post_transform")
             if post is None or post.s != b"SOFTMAX" or len(node.output) < 2:
+                return None
+            if "intercepts" not in attributes or "coefficients" not in attributes:
                 return None
             intercepts = np.asarray(attributes["intercepts"].floats, np.float32)
             coefficients = np.asarray(attributes["coefficients"].floats, np.float32)

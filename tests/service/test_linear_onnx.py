@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from sklearn.datasets import load_digits
@@ -100,6 +101,18 @@ def test_other_graphs_and_broken_files_stay_onnx_runtimes(
     assert read_linear(linear, "another_input", name_out) is None, "not fed by the input"
     assert read_linear(linear[: len(linear) // 2], name_in, name_out) is None  # truncated
     assert read_linear(b"not an onnx file", name_in, name_out) is None
+    # A Scaler without its offset (which ONNX Runtime refuses to load): None, not a KeyError
+    model = onnx.load_from_string(
+        export_classifier(
+            make_pipeline(StandardScaler(), LogisticRegression(max_iter=300)).fit(x, y), 64
+        )
+    )
+    scaler = next(n for n in model.graph.node if n.op_type == "Scaler")
+    kept = [a for a in scaler.attribute if a.name != "offset"]
+    del scaler.attribute[:]
+    scaler.attribute.extend(kept)
+    partial = model.SerializeToString()
+    assert read_linear(partial, name_in, name_out) is None
 
 
 def test_a_linear_reading_that_disagrees_is_not_used(
