@@ -26,6 +26,7 @@ handler and offline evaluation call it; apart, each piece would import all the o
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -244,12 +245,15 @@ def run_session(
     meter: CostMeter,
     *,
     reserve: float = 0.0,
+    cap: float = math.inf,
     on_acquire: Callable[[str, float], None] = _noop,
 ) -> SessionRun:
     """Drive one session of ``runtime`` to its answer.
 
     Features are planned within ``budget - reserve`` (never below 0) less what ``meter``
-    has already spent; ``in_hand`` are free. Before every step, once ``meter.spent()``
+    has already spent, and at most ``cap`` from the session's start (a share of what is
+    left, counted from when planning begins: the time spent getting here is not taken from
+    it); ``in_hand`` are free. Before every step, once ``meter.spent()``
     passes ``budget`` the session's fallback answers from the features in hand
     (``stopped_early``). Each acquisition goes through ``source``, is reported to
     ``on_acquire(feature, seconds)`` and charged to ``meter``. An ``Acquire``'s ``then``
@@ -269,7 +273,10 @@ def run_session(
     charged: dict[str, float] = {}
     acquire_ms: dict[str, float] = {}
     plan_budget = max(budget - reserve, 0.0)
-    session = runtime.begin(size, max(plan_budget - meter.spent(), 0.0), frozenset(features))
+    spent = meter.spent()
+    if cap < math.inf:
+        plan_budget = min(plan_budget, spent + max(cap, 0.0))
+    session = runtime.begin(size, max(plan_budget - spent, 0.0), frozenset(features))
     names = source.names
     # Each step acquires a new feature of ``names`` or ends the loop (the checks below), so no
     # session, faulty or not, takes more steps than this; the bound states that termination
@@ -405,6 +412,7 @@ def execute(
     start: float,
     *,
     reserve_ms: float = 0.0,
+    cap_ms: float = math.inf,
     runtime: StrategyRuntime | None = None,
     on_extraction: Callable[[str, float], None] = _noop,
     on_inference: Callable[[str, float], None] = _noop,
@@ -413,8 +421,9 @@ def execute(
 
     ``start`` is the ``perf_counter()`` the budget counts from (work already done, such as
     the cache read, lies between it and now). Features are planned within what is left of
-    ``budget - reserve_ms``; once the measured time passes ``budget`` the session's fallback
-    answers from the features in hand (``stopped_early``). ``runtime`` is the strategy
+    ``budget - reserve_ms``, and at most ``cap_ms`` from when planning begins; once the
+    measured time passes ``budget`` the session's fallback answers from the features in hand
+    (``stopped_early``). ``runtime`` is the strategy
     (the bundle's default when None). Every extraction's time is recorded in the bundle's
     cost calibrator.
 
@@ -438,6 +447,7 @@ def execute(
         ExtractorSource(bundle.extractors, item.data),
         meter,
         reserve=reserve_ms,
+        cap=cap_ms,
         on_acquire=on_extraction,
     )
     t0 = time.perf_counter()
