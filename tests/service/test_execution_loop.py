@@ -319,6 +319,39 @@ def test_a_then_feature_past_the_measured_budget_is_not_started(tiny: Bundle) ->
     assert len(runtime.fallbacks) == 1
 
 
+def test_a_cap_counts_from_the_sessions_start_not_from_the_receipt(tiny: Bundle) -> None:
+    """``cap``: the plan may spend at most that from when the session begins, whatever was
+    spent before it (here 5 ms of a 100 ms budget); the budget still bounds it. (Computed
+    from an earlier instant, a 0.024 ms cap was eaten by the microseconds before the session
+    began, and a request behind a standing queue answered from the prior.)"""
+    item = DecodedItem(data=digit_image(0, 32), size=32 * 32, key="loop:cap")
+    runtime = ScriptedRuntime(tiny.runtime, lambda obs, i: _best_in_hand(runtime, obs))
+    begun: list[float] = []
+    begin = runtime.begin
+
+    def spy(size: int, budget: float, in_hand: frozenset[str]) -> Any:
+        begun.append(budget)
+        return begin(size, budget, in_hand)
+
+    runtime.begin = spy  # type: ignore[method-assign]
+    for cap, budget, bound in ((0.024, 100.0, 0.024), (50.0, 20.0, 15.0)):
+        start = time.perf_counter() - 0.005  # 5 ms spent before the session
+        meter = MeasuredCost(start, tiny.calibrator, item.size)
+        run_session(
+            runtime,
+            item.size,
+            budget,
+            {},
+            ExtractorSource(tiny.extractors, item.data),
+            meter,
+            cap=cap,
+        )
+        # what the session was given to plan with: the cap, or what the budget leaves
+        assert bound - 0.5 < begun[-1] <= bound + 1e-9, (cap, budget, begun[-1])
+        obs = runtime.steps[-1]
+        assert obs.budget - obs.spent <= bound + 1e-9
+
+
 class _Unavailable(ExtractorSource):
     """The router's extractors, with ``a`` a sensor that cannot be had now."""
 
