@@ -274,8 +274,7 @@ def run_session(
     acquire_ms: dict[str, float] = {}
     plan_budget = max(budget - reserve, 0.0)
     spent = meter.spent()
-    if cap < math.inf:
-        plan_budget = min(plan_budget, spent + max(cap, 0.0))
+    plan_budget = min(plan_budget, spent + max(cap, 0.0))
     session = runtime.begin(size, max(plan_budget - spent, 0.0), frozenset(features))
     names = source.names
     # Each step acquires a new feature of ``names`` or ends the loop (the checks below), so no

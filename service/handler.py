@@ -418,7 +418,7 @@ class PredictHandler:
                 cap,
                 in_hand,
                 start(started),
-                reserve_ms=reserve_ms + resume_ms if measured else reserve_ms,
+                reserve_ms=reserve_ms + resume_ms,  # both 0 unless measured
                 cap_ms=share if measured and share < left else math.inf,
                 runtime=runtime,
                 on_extraction=on_extraction,
