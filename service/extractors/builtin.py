@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -243,42 +244,72 @@ class HOG:
         gx = image[step:-step, 2 * step :] - image[step:-step, : -2 * step]
         gy = image[2 * step :, step:-step] - image[: -2 * step, step:-step]
         magnitude = np.sqrt(gx * gx + gy * gy)
-        o = self.orientations
-        # The angle in bins, bin centres at 0.5, 1.5, ...: the unsigned orientation (modulo
-        # pi) is the bin modulo o, taken on the integer bins below (no float modulo).
+        o, c = self.orientations, self.cells
+        height, width = gx.shape
+        plan = _hog_plan(o, c, height, width)
+        # The angle in bins, bin centres at 0.5, 1.5, ...: each pixel votes into the bin
+        # below its position and the next one (modulo o: unsigned orientation).
         position = np.arctan2(gy, gx)
         position *= np.float32(o / np.pi)
         position -= np.float32(0.5)
         lower = np.floor(position)
         position -= lower  # now the weight of the upper bin
-        bin0 = lower.astype(np.intp)
-        bin0 %= o
-        bin1 = bin0 + 1
-        bin1[bin1 == o] = 0
-        # Cells: each pixel's column cell offsets its bins (one row of offsets, broadcast),
-        # and each band of rows that makes a row of cells is one bincount: no per-pixel
-        # cell array (at 512 px allocating one per call cost more than the bincounts).
-        c = self.cells
-        height, width = gx.shape
-        columns = _cell_index(width, c) * o
-        bin0 += columns
-        bin1 += columns
+        # floor(position) + o + 1 (in 0..2o) plus the pixel's cell, as one index into a
+        # table of cell * o + (the bin below, modulo o): no integer modulo per pixel.
+        index = lower.astype(np.intp)
+        index += plan.columns
+        for row, band in enumerate(plan.bands[1:], start=1):
+            index[band] += row * c * (2 * o + 1)
+        bins = plan.table[index].ravel()
         upper = magnitude * position
         magnitude -= upper  # now the weight of the lower bin
-        hist = np.empty((c, c * o), dtype=np.float64)
-        for row in range(c):
-            band = slice(-(-row * height // c), -(-(row + 1) * height // c))
-            hist[row] = np.bincount(
-                bin0[band].ravel(), weights=magnitude[band].ravel(), minlength=c * o
+        # One bincount per weight over the whole image; the upper votes belong one bin on
+        # (rolled within each cell). Each cell's sum runs over its pixels in the order of
+        # the per-band, per-bin bincounts of version 1: the same floats.
+        n = c * c * o
+        weights = (magnitude.ravel(), upper.ravel())
+        hist, ups = (
+            np.asarray(np.bincount(bins, weights=w, minlength=n), dtype=np.float64).reshape(
+                c * c, o
             )
-            hist[row] += np.bincount(
-                bin1[band].ravel(), weights=upper[band].ravel(), minlength=c * o
-            )
-        grid = hist.reshape(c, c, o)
-        blocks = np.stack(
-            [grid[i : i + 2, j : j + 2].ravel() for i in range(c - 1) for j in range(c - 1)]
+            for w in weights
         )
-        return _finish(_l2_hys(blocks, self.clip))
+        hist += np.roll(ups, 1, axis=1)
+        return _finish(_l2_hys(hist.reshape(-1)[plan.blocks], self.clip))
+
+
+@dataclass(frozen=True)
+class _HOGPlan:
+    """What :class:`HOG` needs for one gradient-map shape (read-only arrays): ``table``
+    maps ``cell * (2o + 1) + floor(position) + o + 1`` to ``cell * o + bin``; ``columns``
+    is each column's part of that index (its cell and the ``o + 1`` offset); ``bands`` the
+    rows of each row of cells; ``blocks`` the flat histogram positions of each 2x2-cell
+    block, in version 1's order."""
+
+    table: IntArray
+    columns: IntArray
+    bands: tuple[slice, ...]
+    blocks: IntArray
+
+
+@functools.lru_cache(maxsize=64)
+def _hog_plan(orientations: int, cells: int, height: int, width: int) -> _HOGPlan:
+    o, c = orientations, cells
+    below = (np.arange(2 * o + 1) - (o + 1)) % o
+    table = (np.arange(c * c)[:, None] * o + below[None, :]).ravel()
+    columns = _cell_index(width, c) * (2 * o + 1) + (o + 1)
+    bands = tuple(slice(-(-r * height // c), -(-(r + 1) * height // c)) for r in range(c))
+    bins = np.arange(o)
+    blocks = np.stack(
+        [
+            np.concatenate([((i + a) * c + j + b) * o + bins for a in (0, 1) for b in (0, 1)])
+            for i in range(c - 1)
+            for j in range(c - 1)
+        ]
+    )
+    for array in (table, columns, blocks):
+        array.setflags(write=False)
+    return _HOGPlan(table, columns, bands, blocks)
 
 
 def _uniform_lbp_table() -> npt.NDArray[np.intp]:

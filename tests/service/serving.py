@@ -1,5 +1,6 @@
-"""Real servers for tests: the app under a real uvicorn (in a thread of this process), and a
-redis-server of a test's own that it may stop, kill and restart."""
+"""Real servers for tests: the app under a real uvicorn (in a thread of this process), a
+redis-server of a test's own that it may stop, kill and restart, and a script in a Python
+process of its own (for what is process-wide: BLAS threads, the allocator)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +24,22 @@ from fastapi import FastAPI
 
 from service.server import uvicorn_options
 from tests.conftest import free_port
+
+
+def fresh_python(script: str, *args: str, **env: str) -> str:
+    """The standard output of ``script`` run with ``args`` by this interpreter in a process
+    of its own, with ``env`` added to this one's environment; a failure fails the test
+    with the script's error."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 @contextmanager

@@ -1,15 +1,12 @@
 """HOG, FFT bands and the thumbnail against their definitions: the fast code (a DFT at only
-the frequencies the bands use; HOG's bins taken modulo on integers; the thumbnail's taps
-gathered by one precomputed index) must give what the straightforward version 1 code gave (a
-full ``numpy.fft.rfft2``; the float angle modulo pi; ``np.ix_`` and a four-axis mean), since
-bundles built with either are served by the other. The oracles below are that code, kept
-verbatim."""
+the frequencies the bands use; HOG's bins by one lookup in a table of cell and bin, its
+histograms by two bincounts; the thumbnail's taps gathered by one precomputed index) must
+give what the straightforward version 1 code gave (a full ``numpy.fft.rfft2``; the float
+angle modulo pi; ``np.ix_`` and a four-axis mean), since bundles built with either are
+served by the other. The oracles below are that code, kept verbatim."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,7 @@ import pytest
 
 from service.extractors import builtin
 from service.extractors.base import Extractor
+from tests.service.serving import fresh_python
 from training.data.digits import digits_source, render_digit
 
 FloatArray = npt.NDArray[np.float32]
@@ -152,6 +150,16 @@ def test_the_shape_plans_are_cached_and_read_only() -> None:
     info = builtin._thumbnail_taps.cache_info()
     assert (info.misses, info.hits) == (1, 1)
     assert not builtin._thumbnail_taps((40, 50), 8, 2).flags.writeable
+    builtin._hog_plan.cache_clear()
+    hog = builtin.HOG()
+    hog.extract(image)
+    hog.extract(image[::-1])
+    info = builtin._hog_plan.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    plan = builtin._hog_plan(8, 4, 38, 48)  # the gradients of a 40 x 50 image (step 1)
+    assert builtin._hog_plan.cache_info().hits == 2
+    for array in (plan.table, plan.columns, plan.blocks):
+        assert not array.flags.writeable
 
 
 SERVE_AND_REPORT_BLAS = """
@@ -175,14 +183,7 @@ def test_the_service_runs_numpy_blas_on_one_thread(digits_bundle_dir: Path) -> N
     """The bands' products run on the request's thread alone: a service started where BLAS
     has two threads has one once it serves (OpenBLAS's helpers would spin on other
     requests' cores). In a process of its own: the limit is process-wide."""
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
-    run = subprocess.run(
-        [sys.executable, "-c", SERVE_AND_REPORT_BLAS, str(digits_bundle_dir.parent)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
+    out = fresh_python(
+        SERVE_AND_REPORT_BLAS, str(digits_bundle_dir.parent), OPENBLAS_NUM_THREADS="2"
     )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.split("\n")[-2] == "[2] [1]", run.stdout
+    assert out.split("\n")[-2] == "[2] [1]", out
