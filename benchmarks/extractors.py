@@ -4,6 +4,9 @@ Run ``python -m benchmarks.extractors [out.md]``; writes a Markdown report (defa
 ``docs/benchmarks/extractors.md``) with, per extractor:
 
 * the median extraction time at 16, 64, 128 and 256 px (square noise images);
+* the median time at 128, 256 and 512 px with the C allocator as the service sets it
+  (``service.allocator``) and with glibc's defaults (a fresh process: a threshold once
+  raised stays);
 * the cost polynomial fitted to the 0.95 quantile over 9 sides, and its fit error;
 * the held-out accuracy of a logistic regression on that extractor alone, trained on
   digits rendered at mixed sides 16-64 px, tested at the same mix and at 128 px.
@@ -11,8 +14,10 @@ Run ``python -m benchmarks.extractors [out.md]``; writes a Markdown report (defa
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from benchmarks.report import prose
+from service.allocator import DEFAULT_KEEP_MIB
 from service.bundle import CostPolynomial
 from service.extractors.base import Extractor, available_extractors
 from training.data.digits import data_fingerprint, digits_source, load_digit_images, render_digit
@@ -33,6 +39,7 @@ TRAIN_SIDES = (16, 24, 32, 48, 64)
 TRANSFER_SIDE = 128
 REPEATS = 21
 SEED = 0
+ALLOCATOR_SIDES = (128, 256, 512)
 ORDER = ("thumbnail", "histogram", "projection", "hog", "lbp", "fft_bands", "gabor")
 
 
@@ -42,6 +49,39 @@ def _format_poly(poly: CostPolynomial) -> str:
         base = "" if power == 0 else ("·n" if power == 1 else f"·n^{power}")
         terms.append(f"{c:.3g}{base}")
     return " + ".join(terms)
+
+
+def allocator_medians(
+    keep_mib: int, sides: Sequence[int] = ALLOCATOR_SIDES
+) -> dict[str, list[float]]:
+    """Median ms per extractor at ``sides``, profiled with the allocator's thresholds set to
+    ``keep_mib`` (``service.allocator``; 0: glibc's defaults) in a fresh process."""
+    code = (
+        "import json, sys, numpy as np;"
+        "from benchmarks.extractors import _image_extractors;"
+        "from training.profiling import profile_extractors;"
+        "sides = json.loads(sys.argv[1]); extractors = _image_extractors();"
+        f"t = profile_extractors(extractors, sides, repeats={REPEATS}, rng={SEED},"
+        f" allocator_keep_mib={keep_mib});"
+        "print(json.dumps({n: [float(np.median(t[n][s * s])) for s in sides] for n in t}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(sides))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    medians: dict[str, list[float]] = json.loads(done.stdout)
+    return medians
+
+
+def _image_extractors() -> dict[str, Extractor]:
+    registry = {
+        name: cls for name, cls in available_extractors().items() if cls.item_kind == "image"
+    }
+    names = [n for n in ORDER if n in registry] + sorted(set(registry) - set(ORDER))
+    return {name: registry[name]() for name in names}
 
 
 def _features(
@@ -93,13 +133,12 @@ def _accuracies(
 
 def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
     started = time.perf_counter()
-    registry = {
-        name: cls for name, cls in available_extractors().items() if cls.item_kind == "image"
-    }
-    names = [n for n in ORDER if n in registry] + sorted(set(registry) - set(ORDER))
-    extractors: dict[str, Extractor] = {name: registry[name]() for name in names}
+    extractors = _image_extractors()
+    names = list(extractors)
 
     timings = profile_extractors(extractors, PROFILE_SIDES, repeats=REPEATS, rng=SEED)
+    kept = allocator_medians(DEFAULT_KEEP_MIB)
+    defaults = allocator_medians(0)
     fits = fit_profiles(timings, quantile=0.95, max_degree=2)
     accuracies, extraction_s, n_train, n_test = _accuracies(extractors)
     elapsed = time.perf_counter() - started
@@ -120,6 +159,17 @@ def main(out_path: str | Path = "docs/benchmarks/extractors.md") -> Path:
     for name in names:
         cells = [f"{np.median(timings[name][s * s]):.3f}" for s in TABLE_SIDES]
         lines.append(f"| {name} | {extractors[name].dims} | " + " | ".join(cells) + " |")
+    lines += prose("extractors", "allocator", keep=DEFAULT_KEEP_MIB, repeats=REPEATS)
+    lines += [
+        "| extractor | " + " | ".join(f"{s} px kept / defaults" for s in ALLOCATOR_SIDES) + " |",
+        "|---|" + "---:|" * len(ALLOCATOR_SIDES),
+    ]
+    for name in names:
+        cells = [
+            f"{k:.3f} / {d:.3f} ({d / k:.1f}×)"
+            for k, d in zip(kept[name], defaults[name], strict=True)
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += prose("extractors", "costs", sides=", ".join(map(str, PROFILE_SIDES)))
     lines += [
         "| extractor | degree | c(n) | fit error | c(256²) |",

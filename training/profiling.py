@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog, nnls
 
+from service.allocator import DEFAULT_KEEP_MIB, keep_freed_memory
 from service.bundle import CostPolynomial
 from service.extractors.base import Extractor
 from service.inference import limit_blas_threads
@@ -68,6 +69,7 @@ def profile_extractors(
     warmup: int = 2,
     interleave: bool = False,
     image_factory: ImageFactory = noise_image,
+    allocator_keep_mib: int = DEFAULT_KEEP_MIB,
 ) -> Timings:
     """Time every extractor's ``extract`` on one image per side, ``repeats`` times.
 
@@ -79,10 +81,15 @@ def profile_extractors(
     others (closer to a request that computes several features, but noisier).
     ``progress``: True shows a ``rich`` progress bar; a callable is called as
     ``progress("profile", done, total)`` instead (e.g. ``StageProgress.update``).
+    ``allocator_keep_mib``: the C allocator's thresholds, set as the service sets them
+    (``service.allocator.keep_freed_memory``; 0: left as they are).
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     limit_blas_threads()  # as the service runs them
+    # As the service runs them (service.allocator: large arrays reuse their pages; 0
+    # leaves the allocator as it is, a threshold once raised stays for the process).
+    keep_freed_memory(allocator_keep_mib)
     named = _named(extractors)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     timings: Timings = {name: {} for name in named}

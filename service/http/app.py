@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.allocator import keep_freed_memory
 from service.cache import FeatureCache, make_cache
 from service.handler import Limits, PredictHandler
 from service.http import admin, health, models, predict, v2
@@ -271,6 +272,7 @@ async def _start(state: AppState, registry: Registry | None, cache: FeatureCache
     """Load the bundles and connect the cache (or take the ones given), then serve."""
     settings, metrics = state.settings, state.metrics
     limit_blas_threads()
+    keep_freed_memory(settings.allocator_keep_mb)
     calibration = CalibrationSettings(
         enabled=settings.calibration,
         window=settings.calibration_window,
