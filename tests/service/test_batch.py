@@ -313,6 +313,30 @@ def test_overhead_learnt_in_a_batch_is_planned_for() -> None:
         return extraction + 1.0
 
     plan = anyio.run(run_batch, lambda i: options[i], 2, 3.0, run_item, learnt)
-    assert seen[0] == 1.0  # planned with no overhead known: the upgrade fits
+    # planned with no overhead known: the upgrade fits, with half the 1.0 the plan leaves
+    assert seen[0] == 1.5
     assert seen[1] == pytest.approx(1.0)  # left 1.0: overhead 1.0 + option 0, no upgrade
     assert plan.planned[plan.order[1]] == pytest.approx(1.0)
+
+
+def test_an_item_may_take_its_share_of_the_slack_up_to_its_allotment_again() -> None:
+    """An option's predicted cost leaves out the time the item plans before its first
+    feature: cut to it, the item bought the option below. What the allotments leave of the
+    total is shared out, each item taking at most its own allotment again (the whole slack
+    went to the last items, which bought dear features for nothing)."""
+    options = [[Option(0.0, 0.1), Option(1.0, 0.9)]] * 3
+    seen: list[float] = []
+
+    async def run_item(i: int, budget: float) -> float:
+        seen.append(budget)
+        return 1.0
+
+    anyio.run(run_batch, lambda i: options[i], 3, 3.6, run_item)
+    # slack 0.6 of 3.6, then 0.6 of 2.6 and of 1.6: a third, a half, then all of it
+    assert seen == pytest.approx([1.2, 1.3, 1.6])
+    seen.clear()
+    anyio.run(run_batch, lambda i: options[i], 3, 30.0, run_item)
+    assert seen == [2.0, 2.0, 2.0]  # a generous total: each item its allotment twice
+    seen.clear()
+    anyio.run(run_batch, lambda i: options[i], 3, 3.0, run_item)
+    assert seen == [1.0, 1.0, 1.0]  # no slack: the allotments as planned
