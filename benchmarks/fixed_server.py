@@ -7,9 +7,10 @@ uvicorn process on a free loopback port:
   asked at a grid of budgets;
 - one **fixed** server per feature set worth serving (:func:`fixed_model_ids`: the default
   strategy's candidates, the best single feature and the full set): :func:`create_fixed_app`,
-  the same HTTP stack (FastAPI on uvicorn with the service's socket and httptools protocol) and the
-  same PNG decoding (:class:`service.items.ImageDecoder`), no planning and no cache: it always
-  extracts that model's features with the bundle's extractor plugins and runs its ONNX model.
+  the same HTTP stack (FastAPI on uvicorn with the service's socket and httptools protocol, and
+  its process settings: one BLAS thread, the allocator's kept memory) and the same PNG
+  decoding (:class:`service.items.ImageDecoder`), no planning and no cache: it always extracts
+  that model's features with the bundle's extractor plugins and runs its ONNX model.
 
 Requests are interleaved (item by item, every (server, budget) cell in a rotating order), one at
 a time, so every cell sees the same machine. Items are held-out digits only
@@ -130,11 +131,16 @@ def create_fixed_app(bundle_dir: Path, model_id: str, max_pixels: int = 1 << 20)
 
 def serve_fixed(bundle_dir: Path, model_id: str, port: int, host: str = "127.0.0.1") -> None:
     """Run :func:`create_fixed_app` under uvicorn as ``python -m service`` runs budgetserve
-    (its TCP_NODELAY socket and uvicorn options, one worker)."""
+    (its TCP_NODELAY socket and uvicorn options, one worker, and its process settings: BLAS
+    on one thread, the allocator keeping freed memory, ``service.allocator``)."""
     import uvicorn
 
+    from service.allocator import keep_freed_memory
+    from service.inference import limit_blas_threads
     from service.server import listening_socket, uvicorn_options
 
+    limit_blas_threads()
+    keep_freed_memory()
     sock = listening_socket(host, port)
     config = uvicorn.Config(
         create_fixed_app(bundle_dir, model_id),
