@@ -6,9 +6,10 @@ once more than the trim threshold (128 KiB) lies free there. A request for a lar
 allocates and frees arrays of megabytes (the decoded pixels, gradients, bins), so under the
 defaults each one comes back as fresh pages that fault and are zeroed on first touch, on
 every request. Measured on the shared 2-core machine (2026-11-28): ``hog`` on a 512 px
-image 7.1 → 1.9 ms a call, the digits bundle's plan at 512 px and a 20 ms budget 8.3 →
-4.2 ms of extraction, decoding a 128 px PNG 0.17 → 0.10 ms (``docs/benchmarks/
-extractors.md`` has both columns). :func:`keep_freed_memory` raises both thresholds, once
+image 6.8 → 1.8 ms a call, ``lbp`` 4.8 → 2.0, ``histogram`` 2.1 → 0.43
+(``docs/benchmarks/extractors.md`` has both columns); in-process, the digits bundle's plan
+at 512 px and a 20 ms budget 8.3 → 4.2 ms of extraction, and decoding a 128 px PNG 0.17 →
+0.10 ms. :func:`keep_freed_memory` raises both thresholds, once
 per process: the service at start-up (``BUDGETSERVE_ALLOCATOR_KEEP_MB``), the builders
 before they profile, so the costs a bundle records are the ones served. The price is
 memory: each allocator arena (the event loop's, one per extraction thread) may keep up to

@@ -257,9 +257,9 @@ class Settings(BaseSettings):
         le=4096,
         description="MiB of freed memory the C allocator (glibc) keeps per arena for reuse, "
         "and the largest block it serves from its heaps (at most 32): a large image's arrays "
-        "then reuse pages instead of faulting in fresh ones on every request (hog at 512 px "
-        "2-4x faster); each arena (the event loop's, one per extraction thread) may hold "
-        "that much; 0: glibc's defaults",
+        "then reuse pages instead of faulting in fresh ones on every request (hog, lbp and "
+        "histogram at 512 px 2-5x faster); each arena (the event loop's, one per extraction "
+        "thread) may hold that much; 0: glibc's defaults",
     )
 
     contention_weight: float = Field(

@@ -267,14 +267,10 @@ class HOG:
         # (rolled within each cell). Each cell's sum runs over its pixels in the order of
         # the per-band, per-bin bincounts of version 1: the same floats.
         n = c * c * o
-        weights = (magnitude.ravel(), upper.ravel())
-        hist, ups = (
-            np.asarray(np.bincount(bins, weights=w, minlength=n), dtype=np.float64).reshape(
-                c * c, o
-            )
-            for w in weights
-        )
-        hist += np.roll(ups, 1, axis=1)
+        lower_votes = np.bincount(bins, weights=magnitude.ravel(), minlength=n)
+        upper_votes = np.bincount(bins, weights=upper.ravel(), minlength=n)
+        hist = np.asarray(lower_votes, dtype=np.float64).reshape(c * c, o)
+        hist += np.roll(upper_votes.reshape(c * c, o), 1, axis=1)
         return _finish(_l2_hys(hist.reshape(-1)[plan.blocks], self.clip))
 
 
