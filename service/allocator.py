@@ -6,7 +6,7 @@ once more than the trim threshold (128 KiB) lies free there. A request for a lar
 allocates and frees arrays of megabytes (the decoded pixels, gradients, bins), so under the
 defaults each one comes back as fresh pages that fault and are zeroed on first touch, on
 every request. Measured on the shared 2-core machine (2026-11-28): ``hog`` on a 512 px
-image 6.8 → 1.8 ms a call, ``lbp`` 4.8 → 2.0, ``histogram`` 2.1 → 0.43
+image 6.7 → 1.7 ms a call, ``lbp`` 4.8 → 1.9, ``histogram`` 2.1 → 0.44
 (``docs/benchmarks/extractors.md`` has both columns); in-process, the digits bundle's plan
 at 512 px and a 20 ms budget 8.3 → 4.2 ms of extraction, and decoding a 128 px PNG 0.17 →
 0.10 ms. :func:`keep_freed_memory` raises both thresholds, once
