@@ -962,11 +962,14 @@ def goal_lines(found: dict[str, Any]) -> list[str]:
         # A collapse is goodput falling as the load grows: each rate above saturation
         # against the best goodput at any rate up to it (the overall peak may come at a
         # higher rate, when the bare app's saturation was measured low).
-        fall, best = None, 0.0
+        # (ratio, rate, goodput, best so far); a run with no goodput yet has no fall
+        fall: tuple[float, float, float, float] | None = None
+        best = 0.0
         for f, good in ours:
             best = max(best, good)
-            if f > 1 and (fall is None or good / best < fall[1] / fall[2]):
-                fall = (f, good, best)
+            ratio = good / best if best > 0 else 1.0
+            if f > 1 and (fall is None or ratio < fall[0]):
+                fall = (ratio, f, good, best)
         above = [good for f, good in ours if f > 1]
         lowest, peak = min(above, default=0.0), max((g for _, g in ours), default=0.0)
         if at70 is not None:
@@ -976,9 +979,9 @@ def goal_lines(found: dict[str, Any]) -> list[str]:
                 f"{at70['accuracy']:.3f} vs {one5:.3f} at one client (goal: within 0.02)."
             )
         if fall is not None:
-            f, good, best = fall
+            ratio, f, good, best = fall
             lines.append(
-                f"  Above saturation, goodput at worst {good / best:.0%} of the best at any "
+                f"  Above saturation, goodput at worst {ratio:.0%} of the best at any "
                 f"rate up to it ({good:.0f}/s at {f:.0%} vs {best:.0f}/s; goal ≥ 90 %: no "
                 f"collapse as the load grows); the lowest above saturation {lowest:.0f}/s "
                 f"against the run's peak of {peak:.0f}/s ({lowest / max(peak, 1e-9):.0%})."

@@ -161,3 +161,5 @@ def test_goal_4_counts_a_fall_as_the_load_grows_not_a_rise() -> None:
     assert "the lowest above saturation 811/s against the run's peak of 991/s (82%)" in rising
     falling = "\n".join(goal_lines(open_loop_found({0.7: 550, 1.1: 750, 1.5: 838, 2.0: 420})))
     assert "at worst 50% of the best at any rate up to it (420/s at 200% vs 838/s" in falling
+    nothing = "\n".join(goal_lines(open_loop_found({0.7: 0.0, 1.1: 0.0, 2.0: 0.0})))
+    assert "at worst 100% of the best at any rate up to it (0/s at 110% vs 0/s" in nothing
