@@ -96,14 +96,14 @@ def load_settings() -> Settings:
 def worker_app() -> FastAPI:
     """The app of one worker process (uvicorn's factory with several workers)."""
     settings = Settings()
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, refusals_per_s=settings.log_refusals_per_s)
     return create_app(settings)
 
 
 def main(argv: list[str] | None = None) -> None:
     _parser().parse_args(argv)  # --help; anything else is a usage error
     settings = load_settings()
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, refusals_per_s=settings.log_refusals_per_s)
     if not bundle_folders(settings.models_dir):
         log.warning(
             "NO BUNDLES in %s: the server starts unready (/readyz answers 503) and serves "

@@ -290,6 +290,14 @@ class Settings(BaseSettings):
         description="'json': one JSON object per log line, and one line per request with its "
         "request id, model, strategy, budget, spent, cached features and status",
     )
+    log_refusals_per_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="overload refusals (503 with Retry-After) logged one line each, at most "
+        "this many a second per process; the rest are counted in one line a second, so that "
+        "an overload does not spend on log lines the CPU its answers need (0: every refusal "
+        "its line)",
+    )
     tracing: bool = Field(
         default=False,
         description="OpenTelemetry spans per request (cache read, each extraction, "

@@ -118,6 +118,7 @@ def _rpc(
         tokens = (requestlog.request_id.set(rid), _summary.set({}))
         started = time.perf_counter()
         status = grpc.StatusCode.OK
+        overloaded = False
         trailing: tuple[tuple[str, str], ...] = ((requestlog.HEADER, rid),)
         try:
             try:
@@ -126,6 +127,7 @@ def _rpc(
             except errors.BudgetServeError as exc:
                 status = status_code(exc)
                 if isinstance(exc, errors.Overloaded):
+                    overloaded = True
                     trailing += (("retry-after", str(exc.retry_after_s)),)
                 await context.abort(status, exc.message, trailing)
             except asyncio.CancelledError:
@@ -144,7 +146,9 @@ def _rpc(
                 "method": "grpc",
                 "client": _peer(context),
             }
-            requestlog.log_request(scope, rid, status.name, started, _summary.get())
+            requestlog.log_request(
+                scope, rid, status.name, started, _summary.get(), overloaded=overloaded
+            )
             _summary.reset(tokens[1])
             requestlog.request_id.reset(tokens[0])
 

@@ -193,6 +193,7 @@ class PredictEndpoint:
         scope_state["request_id"] = rid
         token = request_id.set(rid)
         status = 500
+        overloaded = False
         writes: Mapping[str, bytes] = {}
         try:
             try:
@@ -201,6 +202,7 @@ class PredictEndpoint:
                 )
             except errors.BudgetServeError as exc:
                 status, payload, headers = self._refusal(scope_state, exc)
+                overloaded = isinstance(exc, errors.Overloaded)
             except Exception as exc:  # the one 500: a bug, logged with its traceback
                 log.exception("unexpected error on %s", PREDICT_PATH)
                 self._count(scope_state, "internal_error")
@@ -227,7 +229,9 @@ class PredictEndpoint:
             if answered is not None and self.state.handler is not None:
                 self.state.handler.answered(answered, time.perf_counter(), seen=started)
         finally:
-            log_request(scope, rid, status, started, scope_state.get("summary"))
+            log_request(
+                scope, rid, status, started, scope_state.get("summary"), overloaded=overloaded
+            )
             request_id.reset(token)
         if writes:  # after the response: its client does not wait for the cache
             handler = self.state.handler

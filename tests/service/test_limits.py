@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.http import create_app
+from service.http import create_app, requestlog
 from service.server import header_timeout_s
 from service.settings import Settings
 from tests.conftest import ROOT, digit_image, free_port, png_b64
@@ -327,6 +328,19 @@ def test_big_items_with_huge_budgets_do_not_queue_small_requests_or_memory(
     assert grown_mib < 400, f"RSS grew {grown_mib:.0f} MiB under load (bounded queue)"
 
 
+def late_prediction_parts() -> tuple[bytes, bytes]:
+    """A prediction request's headers after its request line, and its body (a 32 px digit,
+    50 ms budget): sent after the request line with a pause, it reaches the app late."""
+    item = {"png_base64": png_b64(digit_image(4, 32)), "id": "late"}
+    body = json.dumps({"model": "digits", "item": item, "budget": 50}).encode()
+    head = (
+        b"Host: t\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    return head, body
+
+
 def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
     digits_bundle_dir: Path,
 ) -> None:
@@ -336,13 +350,7 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
     request is refused with 503 and Retry-After, its body still read (the connection goes
     on serving), and counted; requests that are not predictions are never shed."""
     app = create_app(Settings(models_dir=digits_bundle_dir.parent, max_queue_delay_ms=100))
-    item = {"png_base64": png_b64(digit_image(4, 32)), "id": "late"}
-    body = json.dumps({"model": "digits", "item": item, "budget": 50}).encode()
-    head = (
-        b"Host: t\r\nContent-Type: application/json\r\nContent-Length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-    )
+    head, body = late_prediction_parts()
     with uvicorn_thread(app) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(b"POST /predict HTTP/1.1\r\n")
@@ -373,3 +381,37 @@ def test_a_prediction_the_event_loop_reaches_too_late_is_shed_cheaply(
     assert shed_v2[0] == 503 and shed_v2[1]["retry-after"] == "1"
     assert "BUDGETSERVE_MAX_QUEUE_DELAY_MS" in json.loads(shed_v2[2])["error"]
     assert metric(metrics, 'budgetserve_admission_total{result="queue_delay"}') == 2
+
+
+def test_overload_refusals_have_their_own_lines_only_up_to_a_rate(
+    digits_bundle_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under overload a log line per refusal takes the CPU the answers need: refusals get
+    their own line up to BUDGETSERVE_LOG_REFUSALS_PER_S a second and the rest are counted in
+    one line, through the real server (the refusals: heads that reach the app too late, as
+    in the test above). Answers always have their line."""
+    monkeypatch.setattr(requestlog, "REFUSALS", requestlog.RefusalLines(per_s=0.2))
+    app = create_app(Settings(models_dir=digits_bundle_dir.parent, max_queue_delay_ms=50))
+    head, body = late_prediction_parts()
+    caplog.set_level(logging.INFO)
+    statuses = []
+    with (
+        uvicorn_thread(app) as port,
+        socket.create_connection(("127.0.0.1", port), timeout=30) as conn,
+    ):
+        for _ in range(3):
+            conn.sendall(b"POST /predict HTTP/1.1\r\n")
+            time.sleep(0.15)
+            conn.sendall(head + body)
+            statuses.append(read_one(conn)[0])
+        conn.sendall(b"POST /predict HTTP/1.1\r\n" + head + body)  # on time: answered
+        statuses.append(read_one(conn)[0])
+        time.sleep(1.3)  # the window's count is said by the loop's timer
+    lines = [r.getMessage() for r in caplog.records if r.name == "budgetserve.request"]
+    assert statuses == [503, 503, 503, 200]
+    refused = [line for line in lines if "status=503" in line]
+    answered = [line for line in lines if "status=200" in line]
+    counted = [line for line in lines if "more overload refusals" in line]
+    assert len(refused) == 1 and len(answered) == 1, lines
+    assert len(counted) == 1 and counted[0].startswith("2 more overload refusals"), lines
+    assert "BUDGETSERVE_LOG_REFUSALS_PER_S=0.2" in counted[0]

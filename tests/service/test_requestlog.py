@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from service.cache import InProcessCache
 from service.http import create_app
-from service.http.requestlog import JsonFormatter, RequestIdFilter
+from service.http.requestlog import JsonFormatter, RefusalLines, RequestIdFilter
 from service.settings import Settings
 from tests.conftest import png_b64
 
@@ -141,3 +141,24 @@ def test_v2_infer_logs_what_it_spent_and_counts_from_the_receipt(
     assert again["cost"]["accounting"] == "work"
     assert two["cached"] == sorted(answer["cost"]["extracted"])  # the same item: cached
     assert three["status"] == 422 and three["outcome"] == "invalid_request"
+
+
+def test_refusal_lines_follow_a_token_bucket_and_count_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The limiter alone (the server's path: tests/service/test_limits.py): a burst of as
+    many lines as the rate, then one a second; what is held back is said in one line once
+    its window is over, and a rate of 0 logs every refusal."""
+    limiter = RefusalLines(per_s=2)
+    caplog.set_level(logging.INFO, logger="budgetserve.request")
+    admitted = [limiter.admit() for _ in range(7)]
+    assert admitted == [True, True, False, False, False, False, False]
+    limiter.flush()  # the window is not over: nothing yet
+    assert not [r for r in request_lines(caplog) if "more overload" in r.getMessage()]
+    limiter.flush(force=True)
+    said = [r.getMessage() for r in request_lines(caplog)]
+    assert len(said) == 1 and said[0].startswith("5 more overload refusals"), said
+    limiter.flush(force=True)  # nothing held: nothing said again
+    assert len(request_lines(caplog)) == 1
+    unlimited = RefusalLines(per_s=0)
+    assert all(unlimited.admit() for _ in range(100))
