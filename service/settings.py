@@ -246,9 +246,10 @@ class Settings(BaseSettings):
     inline_ms: float = Field(
         default=1.0,
         ge=0,
-        description="a request whose plannable budget is at most this many ms runs its plan on "
-        "the event loop, without the hand-off to a worker thread and back (which costs more "
-        "than such a plan); 0: always on a thread",
+        description="a request whose plannable budget is at most this many ms (or at most 5 "
+        "times it, with a plan predicted to cost at most this while the process is otherwise "
+        "idle) runs its plan on the event loop, without the hand-off to a worker thread and "
+        "back (which costs more than such a plan); 0: always on a thread",
     )
 
     allocator_keep_mb: int = Field(

@@ -260,6 +260,13 @@ class StrategyRuntime(ABC, Generic[SpecT]):
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         """Plan a request for an item of ``size`` with ``budget``; ``in_hand`` are free."""
 
+    def planned_ms(self, size: int, budget: float, in_hand: frozenset[str]) -> float | None:
+        """What :meth:`begin`'s plan for ``budget`` is predicted to cost (the features not in
+        hand), when the strategy can say so without beginning it; None when it cannot. The
+        service runs a plan predicted this small on its event loop rather than handing it
+        to a thread (``service.handler``: the hand-off costs more than a small plan)."""
+        return None
+
     def predict(self, answer: Answer, features: Mapping[str, FloatVector]) -> FloatVector:
         """Class probabilities for ``answer`` from the features in hand."""
         return self.models[answer.model].predict_proba(features)

@@ -263,6 +263,10 @@ class PolyDomRuntime(StrategyRuntime[PolyDomStrategy]):
         # (its cost summed feature by feature, as every other planner of this module sums it)
         return best, sum(per_feature[f] for f in self.model_features[best] if f not in in_hand)
 
+    def planned_ms(self, size: int, budget: float, in_hand: frozenset[str]) -> float | None:
+        per_feature, factors = self.costs.at_with_factors(size)
+        return self.plan(size, budget, in_hand, per_feature, factors)[1]
+
     def begin(self, size: int, budget: float, in_hand: frozenset[str]) -> Session:
         per_feature, factors = self.costs.at_with_factors(size)
         target, planned = self.plan(size, budget, in_hand, per_feature, factors)

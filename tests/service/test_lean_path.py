@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from service.cache import InProcessCache
 from service.floor import FloorMeter
 from service.gate import ThreadGate
-from service.handler import PredictHandler
+from service.handler import SMALL_PLAN_BUDGETS, PredictHandler
 from service.http import create_app
 from service.metrics import Metrics
 from service.registry import Bundle, Registry, load_bundle
@@ -432,33 +432,67 @@ def one_thread(bundle: Bundle, inline_ms: float, accounting: str) -> PredictHand
     )
 
 
+async def ask_thread_busy(h: PredictHandler, tag: str, budget: float) -> Any:
+    """``PNG`` asked of ``h`` with ``budget`` while its one thread is busy."""
+    assert h.gate.try_acquire()
+    try:
+        response, _ = await h.predict("digits", {"png_base64": PNG, "id": tag}, None, budget)
+    finally:
+        h.gate.release()
+    return response
+
+
 def test_small_plans_run_inline_without_waiting_for_a_thread(digits_bundle: Bundle) -> None:
     """Every thread busy: a request whose whole plan fits in ``inline_ms`` still buys its
     features, on the event loop; a bigger one waits for the thread, gives up and runs a plan
     of at most ``inline_ms`` there; without inline plans it answers from the prior."""
 
     def handler(inline_ms: float) -> PredictHandler:
-        return one_thread(digits_bundle, inline_ms, "work")
+        h = one_thread(digits_bundle, inline_ms, "work")
+        # A loaded process: a plan predicted small does not run inline for that alone.
+        h.others_seen = 1.0
+        return h
 
-    async def ask(h: PredictHandler, tag: str) -> Any:
-        assert h.gate.try_acquire()  # the one thread is busy
-        try:
-            response, _ = await h.predict("digits", {"png_base64": PNG, "id": tag}, None, 3.0)
-        finally:
-            h.gate.release()
-        return response
+    def ask(h: PredictHandler, tag: str) -> Any:
+        return anyio.run(ask_thread_busy, h, tag, 3.0)
 
-    inline = anyio.run(ask, handler(10.0), "inline")
+    inline = ask(handler(10.0), "inline")
     assert inline.cost.extracted and inline.timings_ms.queued == 0.0
     # A plan too big for the loop waits for the thread; none comes in time: a plan of at
     # most inline_ms on the loop still buys a cheap feature, not the prior.
-    small = anyio.run(ask, handler(0.5), "small")
+    small = ask(handler(0.5), "small")
     assert small.timings_ms.queued > 0.0 and small.cost.extracted
     assert small.cost.planned <= 0.5 + 1e-9, small.cost
     threaded = handler(0.0)
-    waited = anyio.run(ask, threaded, "threaded")
+    waited = ask(threaded, "threaded")
     assert waited.cost.extracted == [] and waited.answered_by == "prior"
     assert threaded.metrics.admission.labels(result="wait_expired")._value.get() == 1
+
+
+def test_a_plan_predicted_small_runs_inline_in_a_quiet_process(digits_bundle: Bundle) -> None:
+    """A thread hand-off costs more CPU than a small plan (one client, 128 px, the same
+    ``thumbnail`` answers: 1.04-1.12 ms of CPU each through a thread, 0.80 on the loop), so
+    with a budget of a few ``inline_ms`` a plan the strategy predicts to cost at most
+    ``inline_ms`` runs on the event loop: with the one thread busy it does not wait for it.
+    Only while arrivals find the process about empty (under load it waits for the thread as
+    before), and not with a budget of hundreds of ms (the plan keeps the thread's room)."""
+    size = digits_bundle.decoder.decode({"png_base64": PNG}).size
+    budget = 2.0
+    planned = digits_bundle.strategy(None).planned_ms(size, budget, frozenset())
+    assert planned is not None and 0.0 < planned < 1.5, planned
+    inline_ms = max(planned * 1.1 + 0.01, 0.45)  # the plan fits; the budget is above it
+    assert inline_ms < budget <= SMALL_PLAN_BUDGETS * inline_ms
+
+    def ask(h: PredictHandler, tag: str, budget: float = budget) -> Any:
+        return anyio.run(ask_thread_busy, h, tag, budget)
+
+    quiet = ask(one_thread(digits_bundle, inline_ms, "work"), "quiet")
+    assert quiet.cost.extracted and quiet.timings_ms.queued == 0.0, quiet.timings_ms
+    busy = one_thread(digits_bundle, inline_ms, "work")
+    busy.others_seen = 1.0  # arrivals have been finding another request in the process
+    assert ask(busy, "busy").timings_ms.queued > 0.0
+    lavish = ask(one_thread(digits_bundle, inline_ms, "work"), "lavish", 200.0)
+    assert lavish.timings_ms.queued > 0.0, lavish.timings_ms
 
 
 def test_a_deadline_waiter_gives_up_while_a_plan_on_the_loop_still_fits(
@@ -470,6 +504,7 @@ def test_a_deadline_waiter_gives_up_while_a_plan_on_the_loop_still_fits(
     left, ~40 ms of these 40, and then answered from the prior whenever the loop resumed it
     a little late.)"""
     handler = one_thread(digits_bundle, 10.0, "deadline")
+    handler.others_seen = 1.0  # a loaded process (a small plan would run inline at once)
 
     async def ask() -> Any:
         assert handler.gate.try_acquire()  # the one thread is busy, and stays so

@@ -227,6 +227,7 @@ def test_the_way_back_from_a_worker_thread_is_charged_to_thread_plans_not_the_fl
     # The next thread plan sets the way back aside; one that it would leave no feature runs
     # on the loop (small plans may: inline_ms > 0) and waits for no way back.
     handler.inline_ms = 1.0
+    handler.others_seen = 1.0  # a loaded process: a plan predicted small is no reason
     prices = digits_bundle.costs.at(128 * 128)
 
     def priced(features: list[str]) -> float:
