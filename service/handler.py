@@ -166,9 +166,10 @@ class PredictHandler:
     the event loop, without the hand-off to a thread and back, which costs more than a
     plan that small (and a request that can buy nothing, or has every feature in hand, is
     always answered there); so does one whose plan the strategy predicts to cost at most
-    ``inline_ms`` (:meth:`~service.strategies.base.StrategyRuntime.planned_ms`), whatever
-    its budget, while no other request is in the process and arrivals have been finding it
-    about empty (under load the loop must stay free to read, refuse and answer others).
+    ``inline_ms`` (:meth:`~service.strategies.base.StrategyRuntime.planned_ms`) with a
+    plannable budget of at most ``SMALL_PLAN_BUDGETS`` times it, while no other request is in
+    the process and arrivals have been finding it empty (under load the loop must stay free
+    to read, refuse and answer others).
 
     Accounting of a measured (ms) budget, per request (``accounting``; ``default_accounting``
     when the request names none):
@@ -466,12 +467,12 @@ class PredictHandler:
             # Small plans run on this loop; so do all plans, made small, behind a standing
             # queue (a thread's answer would wait for the congested loop to take it back).
             # So do plans whose way back from a thread would leave no feature affordable,
-            # and, in a process that arrivals find about empty (``ALONE_SEEN``), with a
+            # and, in a process that arrivals find empty (``ALONE_SEEN``), with a
             # budget of a few ms (``SMALL_PLAN_BUDGETS``), plans the strategy predicts to
             # cost at most ``inline_ms``: the hand-off to a thread and back costs more CPU
             # than such a plan (one client, 128 px, the same `thumbnail` answers: 1.04-1.12
             # ms of CPU each through a thread, 0.80 on the loop; at a 5 ms budget, the same
-            # plan: p50 1.40 -> 1.16-1.20 ms, CPU 1.58 -> 1.38-1.46 ms).
+            # plan: p50 1.36 -> 1.16-1.20 ms, CPU 1.51 -> 1.38-1.49 ms).
             inline = affordable and (
                 left_ms <= self.inline_ms
                 or (self.inline_ms > 0 and (self._standing or left_ms - resume_ms < cheapest))

@@ -474,8 +474,8 @@ def test_a_plan_predicted_small_runs_inline_in_a_quiet_process(digits_bundle: Bu
     ``thumbnail`` answers: 1.04-1.12 ms of CPU each through a thread, 0.80 on the loop), so
     with a budget of a few ``inline_ms`` a plan the strategy predicts to cost at most
     ``inline_ms`` runs on the event loop: with the one thread busy it does not wait for it.
-    Only while arrivals find the process about empty (under load it waits for the thread as
-    before), and not with a budget of hundreds of ms (the plan keeps the thread's room)."""
+    Only while arrivals find the process empty (under load it waits for the thread as
+    before), and not with a budget of hundreds of ms (which affords the hand-off)."""
     size = digits_bundle.decoder.decode({"png_base64": PNG}).size
     budget = 2.0
     planned = digits_bundle.strategy(None).planned_ms(size, budget, frozenset())
