@@ -294,8 +294,9 @@ def configure_logging(
     """Send every log record of this process (uvicorn's too) to stderr in ``fmt`` (``text``
     or ``json``), replacing the root logger's handlers; ``refusals_per_s``: the overload
     refusals with a line of their own a second (:class:`RefusalLines`; None: unchanged)."""
-    if refusals_per_s is not None:
-        REFUSALS.per_s = refusals_per_s
+    global REFUSALS
+    if refusals_per_s is not None:  # a fresh bucket: full at the new rate
+        REFUSALS = RefusalLines(refusals_per_s)
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
